@@ -1,0 +1,87 @@
+"""The OpenAI error envelope, used for every error either service returns.
+
+    {"error": {"message": "...", "type": "...", "code": "..."}}
+"""
+from __future__ import annotations
+
+import json
+
+from flask import Response
+
+# HTTP status -> OpenAI error type, for callers that do not name one.
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+def error_body(message: str, status: int = 500, type_: str | None = None,
+               code: str | None = None, param: str | None = None) -> dict:
+    """The envelope as a dict (for SSE error events and JSON responses)."""
+    err = {
+        "message": message,
+        "type": type_ or _TYPES.get(status, "server_error"),
+        "code": code,
+    }
+    if param is not None:
+        err["param"] = param
+    return {"error": err}
+
+
+def error_response(message: str, status: int = 500, type_: str | None = None,
+                   code: str | None = None, param: str | None = None,
+                   headers: dict | None = None) -> Response:
+    """A Flask response carrying the envelope with the given HTTP status."""
+    return Response(
+        json.dumps(error_body(message, status, type_, code, param)),
+        status=status,
+        mimetype="application/json",
+        headers=headers,
+    )
+
+
+class ApiError(Exception):
+    """Raise anywhere in a request handler; the app turns it into the envelope."""
+
+    def __init__(self, message: str, status: int = 500, type_: str | None = None,
+                 code: str | None = None, headers: dict | None = None,
+                 param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type_
+        self.code = code
+        self.headers = headers or {}
+        self.param = param
+
+    def response(self) -> Response:
+        return error_response(self.message, self.status, self.type, self.code,
+                              param=getattr(self, "param", None), headers=self.headers)
+
+
+def install_error_handlers(app) -> None:
+    """Make every error of a Flask app answer in the envelope (no HTML, no traces)."""
+    from werkzeug.exceptions import HTTPException
+
+    @app.errorhandler(ApiError)
+    def _api_error(e: ApiError):
+        return e.response()
+
+    @app.errorhandler(HTTPException)
+    def _http_error(e: HTTPException):
+        return error_response(e.description or e.name, e.code or 500)
+
+    @app.errorhandler(Exception)
+    def _unexpected(e: Exception):
+        app.logger.exception("unhandled error")
+        return error_response(f"internal error: {type(e).__name__}: {e}", 500)

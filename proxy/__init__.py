@@ -1,0 +1,1 @@
+"""coding-stack proxy: the public OpenAI-compatible door on :11433."""

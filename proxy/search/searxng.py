@@ -1,0 +1,140 @@
+"""SearXNG JSON client with failure classification.
+
+Each failure has a kind (for metrics and logs), a plain-words message for the model,
+and a hint for the operator.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import requests
+from requests.adapters import HTTPAdapter
+
+log = logging.getLogger("proxy.search")
+
+# SearXNG's limiter (botdetection) rejects the default python-requests agent and
+# requests that do not look like a browser's.
+BROWSER_HEADERS = {
+    "User-Agent": ("Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
+                   "Chrome/126.0 Safari/537.36"),
+    "Accept": "application/json, text/html;q=0.9, */*;q=0.8",
+    "Accept-Language": "en-US,en;q=0.9",
+    "Accept-Encoding": "gzip, deflate",
+}
+
+FAILURE_KINDS = ("json_disabled", "rate_limited", "engines_failed", "unreachable", "timeout",
+                 "bad_response")
+
+
+@dataclass
+class SearchOutcome:
+    query: str
+    ok: bool
+    results: list[dict] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+    infoboxes: list[dict] = field(default_factory=list)
+    suggestions: list[str] = field(default_factory=list)
+    kind: str | None = None          # failure kind when not ok
+    message: str = ""                # plain words for the model
+    hint: str = ""                   # what the operator should do
+
+    @property
+    def empty(self) -> bool:
+        return not (self.results or self.answers or self.infoboxes)
+
+
+class SearxngClient:
+    def __init__(self, base_url: str, results: int = 5, timeout: float = 10.0,
+                 pool_size: int = 16):
+        self.base_url = base_url.rstrip("/")
+        self.max_results = results
+        self.timeout = timeout
+        s = requests.Session()
+        s.trust_env = False
+        s.headers.update(BROWSER_HEADERS)
+        adapter = HTTPAdapter(pool_maxsize=pool_size, max_retries=0)
+        s.mount("http://", adapter)
+        s.mount("https://", adapter)
+        self.session = s
+
+    def search(self, query: str) -> SearchOutcome:
+        url = self.base_url + "/search"
+        try:
+            r = self.session.get(url, params={"q": query, "format": "json"},
+                                 timeout=(min(self.timeout, 5.0), self.timeout))
+        except requests.exceptions.Timeout:
+            return _fail(query, "timeout",
+                         f"the search engine (SearXNG) did not answer within {self.timeout:g} s",
+                         f"SearXNG at {self.base_url} is slow; raise SEARXNG_TIMEOUT or check it")
+        except requests.exceptions.ConnectionError as e:
+            return _fail(query, "unreachable",
+                         "the search engine (SearXNG) is down or unreachable",
+                         f"cannot connect to SearXNG at {self.base_url} ({_short(e)}); "
+                         "check SEARXNG_URL and that SearXNG runs")
+        except requests.RequestException as e:
+            return _fail(query, "unreachable", "the search engine (SearXNG) could not be reached",
+                         f"request to SearXNG at {self.base_url} failed: {_short(e)}")
+        return classify(query, r.status_code, r.content, self.max_results)
+
+
+def classify(query: str, status: int, body: bytes, max_results: int = 5) -> SearchOutcome:
+    """Turn one SearXNG HTTP answer into an outcome (pure; unit-tested)."""
+    if status == 403:
+        return _fail(query, "json_disabled",
+                     "the search engine (SearXNG) refused JSON output (HTTP 403)",
+                     "SearXNG answers 403 to format=json: add `json` to `search.formats` "
+                     "in its settings.yml and restart it")
+    if status == 429:
+        return _fail(query, "rate_limited",
+                     "the search engine (SearXNG) rate-limited this request (HTTP 429)",
+                     "SearXNG's limiter blocked the proxy: set `server.limiter: false` in "
+                     "settings.yml or allow the proxy's address in limiter.toml (pass_ip)")
+    if status != 200:
+        return _fail(query, "bad_response",
+                     f"the search engine (SearXNG) answered HTTP {status}",
+                     f"SearXNG returned HTTP {status}: {body[:200]!r}")
+    try:
+        import json
+        data = json.loads(body)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        return _fail(query, "bad_response",
+                     "the search engine (SearXNG) returned something that is not JSON",
+                     "SearXNG returned non-JSON on format=json (is SEARXNG_URL really "
+                     f"SearXNG?): {body[:120]!r}")
+    results = [r for r in data.get("results") or [] if isinstance(r, dict) and r.get("url")]
+    answers = []
+    for a in data.get("answers") or []:
+        if isinstance(a, str):
+            answers.append(a)
+        elif isinstance(a, dict) and a.get("answer"):
+            answers.append(str(a["answer"]))
+    infoboxes = [i for i in data.get("infoboxes") or [] if isinstance(i, dict)]
+    suggestions = [s for s in data.get("suggestions") or [] if isinstance(s, str)]
+    out = SearchOutcome(query=query, ok=True, results=results[:max_results], answers=answers,
+                        infoboxes=infoboxes[:1], suggestions=suggestions[:5])
+    if out.empty:
+        failed = []
+        for e in data.get("unresponsive_engines") or []:
+            if isinstance(e, (list, tuple)) and e:
+                failed.append(f"{e[0]} ({e[1]})" if len(e) > 1 and e[1] else str(e[0]))
+            elif isinstance(e, str):
+                failed.append(e)
+        if failed:
+            return _fail(query, "engines_failed",
+                         "no results because the search engines failed: " + ", ".join(failed),
+                         "every SearXNG engine failed for this query: " + ", ".join(failed)
+                         + "; check SearXNG's outgoing network, or enable other engines")
+        out.message = "no results"
+    return out
+
+
+def _fail(query: str, kind: str, message: str, hint: str) -> SearchOutcome:
+    return SearchOutcome(query=query, ok=False, kind=kind, message=message, hint=hint)
+
+
+def _short(e: Exception) -> str:
+    t = str(e)
+    return "connection refused" if "Connection refused" in t else t[:200]
