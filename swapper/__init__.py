@@ -1,0 +1,1 @@
+"""The GPU's single owner: registry, scheduler, Docker runtime, forwarding."""

@@ -1,0 +1,63 @@
+"""`python -m swapper` serves the swapper (gunicorn, ONE gevent worker: it owns
+in-memory state). `python -m swapper --check` validates the registry."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from common.config import ConfigError
+
+from .registry import Registry, RegistryError
+from .settings import Settings
+
+
+def check(settings: Settings) -> int:
+    try:
+        registry = Registry.load(settings.backends_dir, settings.env, settings.default_model)
+    except RegistryError as e:
+        print(f"invalid registry: {e}", file=sys.stderr)
+        return 1
+    print(f"registry {settings.backends_dir}: {len(registry)} model(s), default {registry.default}")
+    for m in registry:
+        where = f"GPU {','.join(m.gpus)}" if m.gpus else "CPU"
+        aliases = f" aliases: {', '.join(m.aliases)}" if m.aliases else ""
+        print(f"  {m.id:<24} {m.kind:<9} {where:<10} slots {m.slots}  {m.image}{aliases}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m swapper", description=__doc__)
+    parser.add_argument("--check", action="store_true",
+                        help="validate the registry (BACKENDS_DIR), list its models, exit")
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except ConfigError as e:
+        print(f"invalid configuration: {e}", file=sys.stderr)
+        return 2
+    if args.check:
+        return check(settings)
+    if check(settings) != 0:
+        return 1
+
+    from common.serve import serve
+
+    def factory():
+        from .app import create_app
+        return create_app(settings)
+
+    def on_exit():
+        # `docker compose down` / Ctrl-C: leave nothing running, nothing holding the GPU.
+        from .runtime import DockerRuntime
+        try:
+            n = DockerRuntime(settings, Registry.load(settings.backends_dir, settings.env)).remove_all()
+            print(f"swapper exit: removed {n} backend container(s)", file=sys.stderr)
+        except Exception as e:
+            print(f"swapper exit: could not remove backends: {e}", file=sys.stderr)
+
+    serve(factory, settings.host, settings.port, workers=1, on_exit=on_exit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

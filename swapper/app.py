@@ -1,0 +1,176 @@
+"""The swapper's HTTP API: routes only. State lives in the scheduler; Docker
+effects in the runtime (performed by the driver)."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from flask import Flask, Response, jsonify, request, stream_with_context
+
+from common.errors import ApiError, install_error_handlers
+from common.metrics import CONTENT_TYPE
+
+from .admission import slot, wait_admitted
+from .driver import Driver
+from .forward import Forwarder
+from .metrics import SwapperMetrics
+from .registry import ModelSpec, Registry
+from .runtime import DockerRuntime
+from .scheduler import Scheduler
+from .settings import Settings
+
+log = logging.getLogger("swapper")
+
+
+@dataclass
+class Swapper:
+    """Everything one swapper process owns."""
+    settings: Settings
+    registry: Registry
+    scheduler: Scheduler
+    runtime: DockerRuntime
+    driver: Driver
+    forwarder: Forwarder
+    metrics: SwapperMetrics
+
+
+def build(settings: Settings, runtime: DockerRuntime | None = None) -> Swapper:
+    registry = Registry.load(settings.backends_dir, settings.env, settings.default_model)
+    scheduler = Scheduler(lambda m: registry.models[m].slots, max_queue=settings.max_queue,
+                          backoff_base=settings.backoff_base, backoff_max=settings.backoff_max)
+    runtime = runtime or DockerRuntime(settings, registry)
+    metrics = SwapperMetrics(scheduler.snapshot)
+    driver = Driver(scheduler, runtime, registry, settings, metrics)
+    forwarder = Forwarder(scheduler, driver, settings, metrics)
+    return Swapper(settings, registry, scheduler, runtime, driver, forwarder, metrics)
+
+
+def create_app(settings: Settings | None = None, swapper: Swapper | None = None,
+               start: bool = True) -> Flask:
+    settings = settings or Settings.from_env()
+    sw = swapper or build(settings)
+    if start:
+        sw.driver.start()
+
+    app = Flask("swapper")
+    app.extensions["swapper"] = sw
+    install_error_handlers(app)
+
+    def resolve(name: str | None) -> ModelSpec:
+        spec = sw.registry.resolve(name)
+        if spec is None:
+            known = ", ".join(f"{m.id}" + (f" ({', '.join(m.aliases)})" if m.aliases else "")
+                              for m in sw.registry)
+            raise ApiError(f"model '{name}' is not registered; known models: {known}", 404,
+                           code="model_not_found")
+        return spec
+
+    # ------------------------------------------------------------- status
+    @app.get("/healthz")
+    def healthz():
+        snap = sw.scheduler.snapshot()
+        docker_ok = sw.runtime.ping()
+        body = {"status": "ok" if docker_ok else "degraded", "docker": docker_ok,
+                "model": snap["model"], "state": snap["state"]}
+        if not docker_ok:
+            body["message"] = "the Docker engine is unreachable (is /var/run/docker.sock mounted?)"
+        return jsonify(body), 200 if docker_ok else 503
+
+    @app.get("/running")
+    def running():
+        snap = sw.scheduler.snapshot()
+        backend = sw.driver.backend
+        spec = sw.registry.models.get(snap["model"]) if snap["model"] else None
+        snap["since_seconds"] = round(time.monotonic() - snap.pop("since"), 3)
+        snap["backend"] = {"container": backend.name, "url": backend.url} if backend else None
+        snap["slots"] = spec.slots if spec else None
+        snap["last_load_seconds"] = sw.driver.last_load_seconds
+        snap["published"] = f"{settings.publish_bind}:{settings.publish_port}"
+        return jsonify(snap)
+
+    @app.get("/metrics")
+    def metrics():
+        return Response(sw.metrics.render(), mimetype=CONTENT_TYPE.split(";")[0],
+                        content_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    def models():
+        return jsonify({"object": "list", "data": [m.public() for m in sw.registry]})
+
+    @app.get("/v1/models/<path:name>")
+    def model(name: str):
+        return jsonify(resolve(name).public())
+
+    # ----------------------------------------------------------- load/unload
+    @app.route("/load", methods=["GET", "POST"])
+    @app.route("/load/<path:name>", methods=["GET", "POST"])
+    def load(name: str | None = None):
+        if name is None and request.is_json:
+            name = (request.get_json(silent=True) or {}).get("model")
+        spec = resolve(name)
+        t0 = time.monotonic()
+        with slot(sw.scheduler, spec.id, request.environ, sw.metrics):
+            pass
+        return jsonify({"loaded": spec.id, "running": sw.scheduler.model,
+                        "seconds": round(time.monotonic() - t0, 3)})
+
+    @app.route("/unload", methods=["GET", "POST"])
+    def unload():
+        previous = sw.scheduler.model
+        wait_admitted(sw.scheduler, None, request.environ, sw.metrics)
+        return jsonify({"unloaded": True, "previous": previous})
+
+    # ------------------------------------------------------------------ logs
+    @app.get("/logs")
+    @app.get("/logs/<path:name>")
+    def logs(name: str | None = None):
+        spec = resolve(name or sw.scheduler.model or None)
+        tail = request.args.get("tail", type=int) or 200
+        return Response(sw.runtime.logs(spec.id, tail), mimetype="text/plain")
+
+    @app.get("/logs/<path:name>/stream")
+    def logs_stream(name: str):
+        spec = resolve(name)
+        tail = request.args.get("tail", type=int) or 100
+        return Response(stream_with_context(sw.runtime.follow_logs(spec.id, tail)),
+                        mimetype="text/plain", headers={"X-Accel-Buffering": "no",
+                                                        "Cache-Control": "no-cache"})
+
+    # -------------------------------------------------------------- traffic
+    @app.route("/upstream/<name>/", defaults={"path": ""},
+               methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
+    @app.route("/upstream/<name>/<path:path>",
+               methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
+    def upstream(name: str, path: str):
+        spec = resolve(name)
+        return pass_through(spec, path, request.get_data(cache=False))
+
+    @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    def v1(path: str):
+        body = request.get_data(cache=False)
+        name = None
+        if body and request.mimetype in ("application/json", "") and body.lstrip()[:1] == b"{":
+            try:
+                payload = json.loads(body)
+            except ValueError as e:
+                raise ApiError(f"request body is not valid JSON: {e}", 400) from None
+            name = payload.get("model")
+            if name is not None and not isinstance(name, str):
+                raise ApiError("'model' must be a string", 400)
+            spec = resolve(name)
+            if name != spec.id:
+                # Backends know the model by its id (vLLM: --served-model-name).
+                payload["model"] = spec.id
+                body = json.dumps(payload).encode()
+        else:
+            spec = resolve(None)
+        return pass_through(spec, f"v1/{path}", body)
+
+    def pass_through(spec: ModelSpec, path: str, body: bytes):
+        ticket = wait_admitted(sw.scheduler, spec.id, request.environ, sw.metrics)
+        return sw.forwarder.forward(ticket, request.method, path,
+                                    request.query_string.decode(), request.headers, body or None)
+
+    return app

@@ -1,0 +1,73 @@
+"""Forward an admitted request to the resident backend and stream the answer
+back without buffering. The slot is released when the body ends (or the client
+goes away, which closes the upstream connection so the backend stops)."""
+from __future__ import annotations
+
+import json
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from common.errors import ApiError, error_body
+from common.streaming import forward_headers, iter_upstream, relay
+
+from .driver import Driver
+from .metrics import SwapperMetrics
+from .scheduler import Scheduler, Ticket
+from .settings import Settings
+
+
+class Forwarder:
+    def __init__(self, scheduler: Scheduler, driver: Driver, settings: Settings,
+                 metrics: SwapperMetrics):
+        self.scheduler = scheduler
+        self.driver = driver
+        self.settings = settings
+        self.metrics = metrics
+        self.session = requests.Session()
+        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=128, max_retries=0)
+        self.session.mount("http://", adapter)
+
+    def open(self, ticket: Ticket, method: str, path: str, query: str, headers,
+             body: bytes | None) -> requests.Response:
+        """Send the request upstream (headers only read). On failure the slot is
+        released and an ApiError raised."""
+        backend = ticket.backend
+        url = f"{backend.url}/{path.lstrip('/')}" + (f"?{query}" if query else "")
+        try:
+            return self.session.request(
+                method, url, data=body, headers=forward_headers(headers), stream=True,
+                timeout=(self.settings.connect_timeout, None), allow_redirects=False)
+        except requests.RequestException as e:
+            self.scheduler.release(ticket, ok=False)
+            self.metrics.requests.inc(model=ticket.model, status="502")
+            running = self.driver.check(backend)
+            msg = f"backend of model '{ticket.model}' did not answer at {url}: {e}"
+            if not running:
+                msg += (" (its container died; the next request starts it again)\n"
+                        + self.driver.runtime.logs(ticket.model))
+            raise ApiError(msg, 502, type_="upstream_error", code="backend_unreachable") from None
+
+    def stream(self, ticket: Ticket, upstream: requests.Response):
+        """A Flask response relaying `upstream`; releases the slot at the end."""
+        backend = ticket.backend
+        is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
+
+        def on_close(complete: bool) -> None:
+            self.scheduler.release(ticket, ok=complete and upstream.status_code < 500)
+            self.metrics.requests.inc(model=ticket.model, status=str(upstream.status_code))
+            if not complete:
+                self.driver.check(backend)
+
+        def on_break(exc: Exception) -> bytes:
+            running = self.driver.check(backend)
+            cause = "the backend container died" if not running else f"the backend broke off: {exc}"
+            err = error_body(f"model '{ticket.model}': {cause} mid-response", 502,
+                             type_="upstream_error", code="backend_failed")
+            return f"data: {json.dumps(err)}\n\n".encode() if is_sse else b""
+
+        return relay(upstream, body=iter_upstream(upstream, on_close, on_break))
+
+    def forward(self, ticket: Ticket, method: str, path: str, query: str, headers,
+                body: bytes | None):
+        return self.stream(ticket, self.open(ticket, method, path, query, headers, body))

@@ -1,0 +1,312 @@
+"""backends/ -> validated model specs.
+
+Layout of a registry folder (BACKENDS_DIR):
+
+    kinds/<kind>.yaml     what every model of a kind shares (llamacpp, vllm)
+    models/*.yaml         `models:` mapping model id -> spec
+
+A model spec is its kind's template overlaid with the model's own keys.
+`${VAR}` and `${VAR:-default}` are interpolated from the environment in every
+string. Anything wrong (unknown key, duplicate id or alias, missing field, bad
+type) raises RegistryError naming the file and key; the swapper refuses to start.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+KINDS = ("llamacpp", "vllm")
+
+# key -> (type, required). Types are checked after interpolation.
+MODEL_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    "kind": (str, True),
+    "description": (str, False),
+    "aliases": (list, False),
+    "image": (str, True),
+    "args": (list, False),
+    "args_prefix": (list, False),
+    "env": (dict, False),
+    "volumes": (list, False),
+    "gpus": (list, False),
+    "port": (int, True),
+    "health_path": (str, True),
+    "start_timeout": ((int, float), True),
+    "stop_timeout": ((int, float), False),
+    "slots": (int, True),
+    "idle_ttl": ((int, float), False),
+    "context_length": (int, False),
+    "shm_size": (str, False),
+    "ipc_mode": (str, False),
+    "system_prompt": (str, False),
+    "max_tokens_floor": (int, False),
+    "native_n": (bool, False),
+    "healthcheck": (list, False),
+}
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class RegistryError(ValueError):
+    """The registry is invalid; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    id: str
+    kind: str
+    image: str
+    port: int
+    health_path: str
+    start_timeout: float
+    slots: int
+    source: str
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    volumes: tuple[str, ...] = ()
+    gpus: tuple[str, ...] = ()
+    stop_timeout: float = 10.0
+    idle_ttl: float = 0.0
+    context_length: int | None = None
+    shm_size: str | None = None
+    ipc_mode: str | None = None
+    system_prompt: str | None = None
+    max_tokens_floor: int | None = None
+    native_n: bool | None = None
+    healthcheck: tuple[str, ...] = ()
+
+    @property
+    def uses_gpu(self) -> bool:
+        return bool(self.gpus)
+
+    @property
+    def serves_n_natively(self) -> bool:
+        """Can the backend answer `n` choices in one request? vLLM can; llama-server
+        only up to its slot count. The registry may say so explicitly."""
+        if self.native_n is not None:
+            return self.native_n
+        return self.kind == "vllm"
+
+    def public(self) -> dict:
+        """The entry /v1/models shows for this model."""
+        return {
+            "id": self.id,
+            "object": "model",
+            "owned_by": "coding-stack",
+            "aliases": list(self.aliases),
+            "kind": self.kind,
+            "description": self.description,
+            "context_length": self.context_length,
+            "slots": self.slots,
+            "gpus": list(self.gpus),
+            "system_prompt": self.system_prompt,
+            "max_tokens_floor": self.max_tokens_floor,
+        }
+
+
+def interpolate(value: Any, env: Mapping[str, str]) -> Any:
+    """Expand ${VAR} / ${VAR:-default} in every string of a YAML value."""
+    if isinstance(value, str):
+        def sub(m: re.Match) -> str:
+            name, default = m.group(1), m.group(2)
+            got = env.get(name)
+            if got is None or (got == "" and default is not None):
+                return default if default is not None else ""
+            return got
+        return _VAR.sub(sub, value)
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    return value
+
+
+def _coerce(where: str, key: str, value: Any, want) -> Any:
+    """Check a value's type; accept strings for numbers and booleans (from ${VAR})."""
+    types = want if isinstance(want, tuple) else (want,)
+    if isinstance(value, types) and (bool in types or not isinstance(value, bool)):
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if bool in types and text in ("true", "false", "1", "0", "yes", "no"):
+            return text in ("true", "1", "yes")
+        for number in (int, float):
+            if number in types:
+                try:
+                    return number(text)
+                except ValueError:
+                    pass
+    raise RegistryError(f"{where}: key '{key}' must be {_tname(types)}, got {value!r}")
+
+
+def _tname(types) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", list: "a list",
+             dict: "a mapping", bool: "true or false"}
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        with path.open() as f:
+            return yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        raise RegistryError(f"{path}: not valid YAML: {e}") from None
+
+
+def load_kinds(folder: Path) -> dict[str, tuple[str, dict]]:
+    kinds: dict[str, tuple[str, dict]] = {}
+    for path in sorted(folder.glob("*.y*ml")):
+        data = _load_yaml(path) or {}
+        if not isinstance(data, dict):
+            raise RegistryError(f"{path}: a kind template must be a mapping")
+        name = data.pop("kind", path.stem)
+        if name not in KINDS:
+            raise RegistryError(f"{path}: key 'kind': unknown backend kind {name!r} "
+                                f"(known: {', '.join(KINDS)})")
+        for key in data:
+            if key not in MODEL_KEYS:
+                raise RegistryError(f"{path}: unknown key '{key}'")
+        kinds[name] = (str(path), data)
+    return kinds
+
+
+def _to_spec(model_id: str, raw: dict, where: str, kinds: dict, env: Mapping[str, str]) -> ModelSpec:
+    if not isinstance(raw, dict):
+        raise RegistryError(f"{where}: model '{model_id}' must be a mapping")
+    for key in raw:
+        if key not in MODEL_KEYS:
+            raise RegistryError(f"{where}: model '{model_id}': unknown key '{key}' "
+                                f"(known: {', '.join(sorted(MODEL_KEYS))})")
+    kind = raw.get("kind")
+    if kind is None:
+        raise RegistryError(f"{where}: model '{model_id}': missing required key 'kind'")
+    if kind not in kinds:
+        raise RegistryError(f"{where}: model '{model_id}': key 'kind': unknown backend kind "
+                            f"{kind!r} (known: {', '.join(sorted(kinds))})")
+    merged = {**kinds[kind][1], **raw}
+    merged = interpolate(merged, env)
+    values: dict[str, Any] = {}
+    for key, (want, required) in MODEL_KEYS.items():
+        if key not in merged or merged[key] is None:
+            if required:
+                raise RegistryError(f"{where}: model '{model_id}': missing required key '{key}'")
+            continue
+        values[key] = _coerce(f"{where}: model '{model_id}'", key, merged[key], want)
+
+    where_m = f"{where}: model '{model_id}'"
+    for key in ("aliases", "args", "args_prefix", "volumes", "gpus", "healthcheck"):
+        for item in values.get(key, []):
+            if not isinstance(item, (str, int, float)) or isinstance(item, bool):
+                raise RegistryError(f"{where_m}: key '{key}' must hold strings, got {item!r}")
+    env_map = values.get("env", {})
+    for k, v in env_map.items():
+        if not isinstance(v, (str, int, float)):
+            raise RegistryError(f"{where_m}: key 'env.{k}' must be a string, got {v!r}")
+    if values["slots"] < 1:
+        raise RegistryError(f"{where_m}: key 'slots' must be at least 1")
+    if values["start_timeout"] <= 0:
+        raise RegistryError(f"{where_m}: key 'start_timeout' must be positive")
+    if not values["health_path"].startswith("/"):
+        raise RegistryError(f"{where_m}: key 'health_path' must start with '/'")
+    if not values["image"]:
+        raise RegistryError(f"{where_m}: key 'image' is empty")
+
+    port = values["port"]
+    prefix = [str(a).format(port=port, id=model_id) for a in values.get("args_prefix", [])]
+    args = tuple(prefix + [str(a) for a in values.get("args", [])])
+    return ModelSpec(
+        id=model_id,
+        kind=kind,
+        image=values["image"],
+        port=port,
+        health_path=values["health_path"],
+        start_timeout=float(values["start_timeout"]),
+        slots=values["slots"],
+        source=where,
+        aliases=tuple(str(a) for a in values.get("aliases", [])),
+        description=values.get("description", ""),
+        args=args,
+        env={str(k): str(v) for k, v in env_map.items()},
+        volumes=tuple(str(v) for v in values.get("volumes", [])),
+        gpus=tuple(str(g) for g in values.get("gpus", [])),
+        stop_timeout=float(values.get("stop_timeout", 10.0)),
+        idle_ttl=float(values.get("idle_ttl", 0.0)),
+        context_length=values.get("context_length"),
+        shm_size=values.get("shm_size"),
+        ipc_mode=values.get("ipc_mode"),
+        system_prompt=values.get("system_prompt"),
+        max_tokens_floor=values.get("max_tokens_floor"),
+        native_n=values.get("native_n"),
+        healthcheck=tuple(str(a).format(port=port, id=model_id)
+                          for a in values.get("healthcheck", [])),
+    )
+
+
+class Registry:
+    """The models this stack may start, by id and by alias."""
+
+    def __init__(self, models: list[ModelSpec], default: str | None = None):
+        self.models: dict[str, ModelSpec] = {m.id: m for m in models}
+        self._names: dict[str, str] = {}
+        for m in models:
+            for name in (m.id, *m.aliases):
+                self._names[name] = m.id
+        if default is not None and default not in self._names:
+            raise RegistryError(f"DEFAULT_MODEL {default!r} is not a registered model or alias "
+                                f"(known: {', '.join(self.models)})")
+        self.default = self._names[default] if default else (models[0].id if models else None)
+
+    def resolve(self, name: str | None) -> ModelSpec | None:
+        """The spec for an id or alias (None or '' = the default model)."""
+        if not name:
+            return self.models.get(self.default) if self.default else None
+        model_id = self._names.get(name)
+        return self.models[model_id] if model_id else None
+
+    def __iter__(self):
+        return iter(self.models.values())
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike, env: Mapping[str, str] | None = None,
+             default: str | None = None) -> "Registry":
+        env = os.environ if env is None else env
+        root = Path(folder)
+        if not root.is_dir():
+            raise RegistryError(f"{root}: registry folder not found")
+        kinds = load_kinds(root / "kinds")
+        models: list[ModelSpec] = []
+        seen: dict[str, str] = {}
+        files = sorted((root / "models").glob("*.y*ml"))
+        if not files:
+            raise RegistryError(f"{root / 'models'}: no model files (*.yaml)")
+        for path in files:
+            data = _load_yaml(path) or {}
+            if not isinstance(data, dict) or set(data) - {"models"}:
+                extra = ", ".join(sorted(set(data) - {"models"})) if isinstance(data, dict) else ""
+                raise RegistryError(f"{path}: expected a single top-level key 'models'"
+                                    + (f" (unknown key '{extra}')" if extra else ""))
+            entries = data.get("models") or {}
+            if not isinstance(entries, dict):
+                raise RegistryError(f"{path}: key 'models' must map model ids to specs")
+            for model_id, raw in entries.items():
+                model_id = str(model_id)
+                if not _ID.match(model_id):
+                    raise RegistryError(f"{path}: model id {model_id!r} must be letters, digits, '.', '_' or '-'")
+                spec = _to_spec(model_id, raw, str(path), kinds, env)
+                for name in (spec.id, *spec.aliases):
+                    if name in seen:
+                        raise RegistryError(f"{path}: model '{model_id}': name '{name}' is already "
+                                            f"used by {seen[name]}")
+                    seen[name] = f"{path} (model '{model_id}')"
+                models.append(spec)
+        return cls(models, default=default or None)

@@ -1,0 +1,330 @@
+"""The single owner of "which model holds the GPU and who may use it".
+
+A pure state machine: no Docker, no HTTP. Request handlers `submit()` a ticket
+and `wait()` until it is admitted (or failed); the driver (swapper/driver.py)
+takes the actions this decides (`next_action()`: load a model, stop the
+resident one) one at a time, performs them, and reports back (`load_done`,
+`stop_done`, `crashed`). Because exactly one driver performs actions serially,
+and a load is only ever decided when nothing is resident, two backends can
+never run at once.
+
+Policy
+- Requests for the resident (ready) model are admitted up to its slot count;
+  the rest wait FIFO, at most `max_queue` waiting in all (QueueFull beyond).
+- An *epoch* is one residency of one model. A request joins the current epoch
+  if it is for the model being loaded, or for the ready model while nothing else
+  waits. Once a request for another model (or an unload) waits, later requests
+  for the resident model wait behind it (no starvation).
+- When the epoch has no waiting and no in-flight requests and something else
+  waits, the resident model is stopped (drained by construction) and the
+  model of the oldest waiting request is loaded; every waiting request for that
+  model joins the new epoch (A B A B -> A A B B, grouped by model).
+- A failed load fails the requests of its epoch with the error. A crash of the
+  resident model removes its container; waiting requests trigger a reload,
+  delayed by an exponential backoff while the model keeps failing.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class SchedulerError(Exception):
+    """Base of the errors a waiting request can get."""
+
+
+class QueueFull(SchedulerError):
+    def __init__(self, waiting: int, retry_after: int = 5):
+        super().__init__(f"the swapper queue is full ({waiting} requests waiting); retry later")
+        self.retry_after = retry_after
+
+
+class LoadFailed(SchedulerError):
+    """The model could not be made ready; the message carries the cause and logs."""
+
+    def __init__(self, message: str, status: int = 502):
+        super().__init__(message)
+        self.status = status
+
+
+class Cancelled(SchedulerError):
+    pass
+
+
+IDLE, LOADING, READY, STOPPING = "idle", "loading", "ready", "stopping"
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request's place in line. `model` None means "unload"."""
+    seq: int
+    model: str | None
+    epoch: int | None = None
+    state: str = "waiting"          # waiting | admitted | done | failed | cancelled
+    error: SchedulerError | None = None
+    backend: Any = None             # what the driver reported for the epoch (address...)
+    submitted: float = 0.0
+    admitted_at: float | None = None
+    event: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str                       # "load" | "stop"
+    model: str
+    epoch: int
+    delay: float = 0.0              # backoff before a load, seconds
+
+
+class Scheduler:
+    def __init__(self, slots: Callable[[str], int], max_queue: int = 64,
+                 backoff_base: float = 1.0, backoff_max: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self._slots = slots
+        self.max_queue = max_queue
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self._clock = clock
+        self._cv = threading.Condition()
+        self._seq = itertools.count(1)
+        self._queue: list[Ticket] = []       # waiting, FIFO
+        self._active: set[Ticket] = set()    # admitted, not yet released
+        self.phase = IDLE
+        self.model: str | None = None        # loading / ready / stopping model
+        self.epoch = 0
+        self.since = clock()
+        self.last_activity = clock()
+        self._backend: Any = None
+        self._action: Action | None = None
+        self._failures: dict[str, int] = {}
+        self._listeners: list[Callable[[str, dict], None]] = []
+
+    # ---------------------------------------------------------------- requests
+    def submit(self, model: str | None) -> Ticket:
+        """Queue a request for `model` (None = unload). Raises QueueFull."""
+        with self._cv:
+            if len(self._queue) >= self.max_queue:
+                raise QueueFull(len(self._queue))
+            t = Ticket(next(self._seq), model, submitted=self._clock())
+            if model is not None and model == self.model and (
+                    self.phase == LOADING
+                    or (self.phase == READY and not self._others_waiting())):
+                t.epoch = self.epoch
+            self._queue.append(t)
+            self._schedule()
+            return t
+
+    def wait(self, ticket: Ticket, timeout: float | None = None) -> bool:
+        """Block until the ticket leaves the queue. True when it did; raises its
+        error if it failed; False on timeout (still waiting)."""
+        if not ticket.event.wait(timeout):
+            return False
+        if ticket.error is not None:
+            raise ticket.error
+        return True
+
+    def cancel(self, ticket: Ticket) -> None:
+        """The client went away: leave the queue, or give the slot back."""
+        with self._cv:
+            if ticket.state == "waiting" and ticket in self._queue:
+                self._queue.remove(ticket)
+                ticket.state = "cancelled"
+                ticket.error = Cancelled("client disconnected while queued")
+                ticket.event.set()
+                self._emit("cancelled", model=ticket.model)
+                self._schedule()
+            elif ticket.state == "admitted":
+                self._release_locked(ticket, ok=False)
+
+    def release(self, ticket: Ticket, ok: bool = True) -> None:
+        """The admitted request finished (ok = the backend answered)."""
+        with self._cv:
+            self._release_locked(ticket, ok)
+
+    def _release_locked(self, ticket: Ticket, ok: bool) -> None:
+        if ticket not in self._active:
+            return
+        self._active.discard(ticket)
+        ticket.state = "done"
+        self.last_activity = self._clock()
+        if ok and ticket.model:
+            self._failures.pop(ticket.model, None)
+        self._schedule()
+
+    # ------------------------------------------------------------------ driver
+    def next_action(self, timeout: float | None = None) -> Action | None:
+        """The driver's next job, waiting up to `timeout` for one."""
+        with self._cv:
+            if self._action is None:
+                self._cv.wait_for(lambda: self._action is not None, timeout)
+            action, self._action = self._action, None
+            return action
+
+    def load_done(self, epoch: int, backend: Any = None, error: LoadFailed | None = None) -> None:
+        with self._cv:
+            if self.phase != LOADING or epoch != self.epoch:
+                return
+            if error is not None:
+                model = self.model
+                self._failures[model] = self._failures.get(model, 0) + 1
+                self._set_phase(IDLE, None)
+                for t in [t for t in self._queue if t.epoch == epoch]:
+                    self._queue.remove(t)
+                    t.state, t.error = "failed", error
+                    t.event.set()
+                self._emit("load_failed", model=model, error=str(error))
+            else:
+                self._backend = backend
+                self._set_phase(READY, self.model)
+            self._schedule()
+
+    def stop_done(self) -> None:
+        with self._cv:
+            if self.phase != STOPPING:
+                return
+            self._set_phase(IDLE, None)
+            self._backend = None
+            self._finish_unloads()
+            self._schedule()
+
+    def crashed(self, model: str, reason: str = "") -> bool:
+        """The resident backend died. Returns True when that changed the state."""
+        with self._cv:
+            if self.phase != READY or self.model != model:
+                return False
+            self._failures[model] = self._failures.get(model, 0) + 1
+            for t in self._queue:
+                if t.epoch == self.epoch:
+                    t.epoch = None          # they will trigger a reload
+            self._emit("crashed", model=model, reason=reason)
+            self._start_stop()
+            return True
+
+    def expire_idle(self, ttl: float) -> bool:
+        """Unload the resident model if it has been idle for `ttl` seconds."""
+        with self._cv:
+            if (ttl > 0 and self.phase == READY and not self._active and not self._queue
+                    and self._clock() - self.last_activity >= ttl):
+                self._emit("idle_unload", model=self.model)
+                self._start_stop()
+                return True
+            return False
+
+    # ------------------------------------------------------------- inspection
+    def snapshot(self) -> dict:
+        with self._cv:
+            return {
+                "model": self.model,
+                "state": self.phase,
+                "since": self.since,
+                "epoch": self.epoch,
+                "in_flight": len(self._active),
+                "queued": len(self._queue),
+                "queued_by_model": _count(t.model or "(unload)" for t in self._queue),
+                "failures": dict(self._failures),
+            }
+
+    def subscribe(self, listener: Callable[[str, dict], None]) -> None:
+        """Call `listener(event, fields)` on state events (metrics, logs)."""
+        self._listeners.append(listener)
+
+    # ---------------------------------------------------------------- policy
+    def _others_waiting(self) -> bool:
+        return any(t.epoch != self.epoch or t.model != self.model for t in self._queue)
+
+    def _schedule(self) -> None:
+        """Apply the policy after any change. Called with the lock held."""
+        if self.phase == READY:
+            slots = self._slots(self.model)
+            in_epoch = sum(1 for t in self._active if t.epoch == self.epoch)
+            for t in list(self._queue):
+                if in_epoch >= slots:
+                    break
+                if t.epoch == self.epoch:
+                    self._admit(t)
+                    in_epoch += 1
+            if in_epoch == 0 and self._queue and not any(t.epoch == self.epoch for t in self._queue):
+                head = self._queue[0]
+                if head.model == self.model:
+                    # What waited behind a cancelled swap: a new epoch, no swap needed.
+                    self.epoch += 1
+                    self._adopt_waiting(self.model)
+                    self._schedule()
+                else:
+                    self._start_stop()
+        elif self.phase == IDLE:
+            self._finish_unloads()
+            if self._queue:
+                model = self._queue[0].model
+                self.epoch += 1
+                self._set_phase(LOADING, model)
+                self._adopt_waiting(model)
+                failures = self._failures.get(model, 0)
+                delay = 0.0 if not failures else min(
+                    self.backoff_base * 2 ** (failures - 1), self.backoff_max)
+                self._post(Action("load", model, self.epoch, delay))
+        # LOADING and STOPPING wait for the driver.
+
+    def _admit(self, t: Ticket) -> None:
+        self._queue.remove(t)
+        self._active.add(t)
+        t.state = "admitted"
+        t.backend = self._backend
+        t.admitted_at = self._clock()
+        self.last_activity = t.admitted_at
+        t.event.set()
+
+    def _adopt_waiting(self, model: str) -> None:
+        for t in self._queue:
+            if t.model == model:
+                t.epoch = self.epoch
+
+    def _start_stop(self) -> None:
+        model = self.model
+        self._set_phase(STOPPING, model)
+        self._post(Action("stop", model, self.epoch))
+
+    def _finish_unloads(self) -> None:
+        while self._queue and self._queue[0].model is None:
+            t = self._queue.pop(0)
+            t.state = "done"
+            t.event.set()
+
+    def _set_phase(self, phase: str, model: str | None) -> None:
+        old = (self.phase, self.model)
+        self.phase, self.model = phase, model
+        self.since = self._clock()
+        if old != (phase, model):
+            self._emit("phase", phase=phase, model=model, previous=old[0])
+
+    def _post(self, action: Action) -> None:
+        self._action = action
+        self._cv.notify_all()
+
+    def _emit(self, event: str, **fields) -> None:
+        for listener in self._listeners:
+            try:
+                listener(event, fields)
+            except Exception:  # a metrics bug must never wedge scheduling
+                pass
+
+    # ------------------------------------------------------------ adoption
+    def adopt(self, model: str, backend: Any) -> None:
+        """At start-up: a healthy backend left by an earlier run becomes resident."""
+        with self._cv:
+            if self.phase != IDLE:
+                return
+            self.epoch += 1
+            self._backend = backend
+            self._set_phase(READY, model)
+            self._schedule()
+
+
+def _count(items) -> dict:
+    out: dict = {}
+    for i in items:
+        out[i] = out.get(i, 0) + 1
+    return out

