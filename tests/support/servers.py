@@ -1,0 +1,50 @@
+"""Run a WSGI app on a free loopback port in a background thread (real sockets)."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import requests
+from werkzeug.serving import make_server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    def __init__(self, app, port: int | None = None):
+        self.port = port or free_port()
+        self.server = make_server("127.0.0.1", self.port, app, threaded=True)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def wait_http(url: str, deadline_s: float = 30.0, ok=(200,), proc=None) -> requests.Response:
+    """Poll url until it answers with a status in ok (a wait, not an assertion on time)."""
+    end = time.monotonic() + deadline_s
+    last = None
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} while waiting for {url}")
+        try:
+            r = requests.get(url, timeout=2)
+            if r.status_code in ok:
+                return r
+            last = f"HTTP {r.status_code}"
+        except requests.RequestException as e:
+            last = str(e)
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready after {deadline_s} s: {last}")
