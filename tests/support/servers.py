@@ -20,7 +20,8 @@ class ServerThread:
         self.port = port or free_port()
         self.server = make_server("127.0.0.1", self.port, app, threaded=True)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
         self.url = f"http://127.0.0.1:{self.port}"
 
     def __enter__(self):
