@@ -3,6 +3,7 @@ or the app in-process on a werkzeug thread server."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,7 +41,7 @@ class ProxyProcess:
 
     def __exit__(self, *exc):
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.send_signal(signal.SIGINT)     # gunicorn: quick shutdown
             try:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
