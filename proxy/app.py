@@ -157,7 +157,9 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     def passthrough(**_):
         env = request.environ
-        target = env.get("RAW_URI") or env.get("REQUEST_URI") or request.full_path
+        target = env.get("RAW_URI") or env.get("REQUEST_URI") or ""
+        if not target.startswith("/"):           # absent, or absolute-form request target
+            target = request.full_path
         path, _, query = target.partition("?")
         data = request.get_data() if request.method not in ("GET", "HEAD") else None
         r = upstream.request(request.method, path, query=query,
