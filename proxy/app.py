@@ -97,7 +97,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         up = {"url": settings.BACKEND_URL}
         try:
             r = upstream.session.get(settings.BACKEND_URL + "/healthz",
-                                     timeout=(min(settings.CONNECT_TIMEOUT, 2.0), 5.0))
+                                     timeout=(1.0, 1.5))
             up["http_status"] = r.status_code
             up["status"] = "ok" if r.status_code == 200 else "unhealthy"
             try:
@@ -117,6 +117,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     def chat():
         raw = request.get_data()
         body = normalize.parse_chat_body(raw)
+        if isinstance(body.get("n"), int) and body["n"] > settings.MAX_N:
+            raise ApiError(f"'n' is {body['n']}; this server allows at most {settings.MAX_N} "
+                           "(MAX_N)", 400, code="invalid_request", param="n")
         changed = False
         if settings.DEFAULT_MODEL and not body.get("model"):
             body["model"] = settings.DEFAULT_MODEL

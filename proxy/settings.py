@@ -20,6 +20,7 @@ class Settings:
     MAX_BODY_BYTES: int = 64 * 1024 * 1024
     API_KEY: str = ""                   # when set: Bearer required on every route but /healthz
     DEFAULT_MODEL: str = ""             # filled into chat requests that name no model
+    MAX_N: int = 8                      # largest `n` (choices per request) accepted
     MODELS_TTL: float = 30.0            # cache of the upstream's /v1/models (system prompt, floor)
 
     # web search

@@ -185,3 +185,10 @@ def test_reasoning_both_names_without_search(make_proxy, chat, key):
                                   json={"messages": USER, "stream": True}, stream=True))
     assert s.text("reasoning") == s.text("reasoning_content") == "think"
     assert s.text() == "a" and s.done == 1
+
+
+def test_n_above_max_n_400(make_proxy, chat):
+    proxy = make_proxy(MAX_N=2)
+    r = requests.post(proxy + "/v1/chat/completions", json={"messages": USER, "n": 3})
+    assert r.status_code == 400 and "MAX_N" in r.json()["error"]["message"]
+    assert chat.requests == []
