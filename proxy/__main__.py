@@ -28,6 +28,7 @@ class ProxyServer(BaseApplication):
             "loglevel": s.LOG_LEVEL.lower(),
             "accesslog": None,
             "proc_name": "coding-stack-proxy",
+            "control_socket_disable": True,   # no ~/.gunicorn socket (non-root, no home)
         }.items():
             self.cfg.set(key, value)
 

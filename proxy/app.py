@@ -18,7 +18,7 @@ from .metrics import Metrics
 from .search import loop
 from .search.searxng import SearxngClient
 from .settings import Settings
-from .upstream import ModelCatalog, Upstream
+from .upstream import ModelCatalog, Upstream, _reason
 
 ADMIN_ROUTES = ("/load", "/load/<path:model>", "/unload", "/running",
                 "/upstream/<path:rest>", "/logs", "/logs/<path:rest>")
@@ -106,7 +106,7 @@ def create_app(settings: Settings | None = None) -> Flask:
                 up["body"] = r.text[:500]
         except Exception as e:  # noqa: BLE001
             up["status"] = "unreachable"
-            up["error"] = str(e)[:300]
+            up["error"] = _reason(e)
         return {"status": "ok", "service": "proxy", "upstream": up}
 
     @app.get("/metrics")
