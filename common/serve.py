@@ -46,6 +46,8 @@ def serve(factory: Callable, host: str, port: int, workers: int = 1,
         "errorlog": "-",
         "loglevel": "info",
         "on_exit": (lambda server: on_exit()) if on_exit else None,
+        # One control socket per user by default: several servers would fight over it.
+        "control_socket_disable": True,
     }
     opts.update(options)
     _App(factory, opts).run()

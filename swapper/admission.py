@@ -2,6 +2,7 @@
 that goes away), and turn scheduler errors into OpenAI-envelope errors."""
 from __future__ import annotations
 
+import select
 import socket
 import time
 from contextlib import contextmanager
@@ -20,10 +21,11 @@ def client_gone(environ: dict) -> bool:
     if sock is None:
         return False
     try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except (BlockingIOError, InterruptedError):
-        return False
-    except OSError:
+        # Not recv(MSG_DONTWAIT): gevent's socket waits on EAGAIN. A zero-timeout
+        # select says whether a read would return at once; EOF reads as b"".
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (ValueError, OSError):
         return True
 
 
