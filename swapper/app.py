@@ -14,6 +14,7 @@ from common.metrics import CONTENT_TYPE
 
 from .admission import slot, wait_admitted
 from .driver import Driver
+from .fanout import FANOUT_PATHS, FanOut, requested_n, serves_natively
 from .forward import Forwarder
 from .metrics import SwapperMetrics
 from .registry import ModelSpec, Registry
@@ -33,6 +34,7 @@ class Swapper:
     runtime: DockerRuntime
     driver: Driver
     forwarder: Forwarder
+    fanout: FanOut
     metrics: SwapperMetrics
 
 
@@ -44,7 +46,8 @@ def build(settings: Settings, runtime: DockerRuntime | None = None) -> Swapper:
     metrics = SwapperMetrics(scheduler.snapshot)
     driver = Driver(scheduler, runtime, registry, settings, metrics)
     forwarder = Forwarder(scheduler, driver, settings, metrics)
-    return Swapper(settings, registry, scheduler, runtime, driver, forwarder, metrics)
+    return Swapper(settings, registry, scheduler, runtime, driver, forwarder, FanOut(forwarder),
+                   metrics)
 
 
 def create_app(settings: Settings | None = None, swapper: Swapper | None = None,
@@ -160,10 +163,15 @@ def create_app(settings: Settings | None = None, swapper: Swapper | None = None,
             if name is not None and not isinstance(name, str):
                 raise ApiError("'model' must be a string", 400)
             spec = resolve(name)
+            n = requested_n(payload, settings.max_n) if f"v1/{path}" in FANOUT_PATHS else 1
             if name != spec.id:
                 # Backends know the model by its id (vLLM: --served-model-name).
                 payload["model"] = spec.id
                 body = json.dumps(payload).encode()
+            if n > 1 and not serves_natively(spec, n):
+                ticket = wait_admitted(sw.scheduler, spec.id, request.environ, sw.metrics)
+                return sw.fanout.run(ticket, spec, f"v1/{path}", request.query_string.decode(),
+                                     request.headers, payload, n)
         else:
             spec = resolve(None)
         return pass_through(spec, f"v1/{path}", body)
