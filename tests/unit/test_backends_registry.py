@@ -1,0 +1,303 @@
+"""The shipped registry (backends/) and the download manifest (scripts/models.toml):
+every model validates, `python -m swapper --check` accepts it and rejects broken
+registries with the file and key, interpolation behaves, and the manifest's file names
+are the ones backends/ loads."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from swapper.registry import Registry, RegistryError, interpolate
+
+REPO = Path(__file__).resolve().parents[2]
+BACKENDS = REPO / "backends"
+MANIFEST = REPO / "scripts" / "models.toml"
+GPU_MODELS = ("qwen3.8-27b", "qwen3.8-35b-a3b", "qwen3.8-122b-a10b", "foundation")
+
+TYPICAL_ENV = {
+    "MODELS_DIR": "/srv/models",
+    "HF_HOME": "/srv/hf",
+    "HF_TOKEN": "hf_dummy",
+    "LLAMACPP_CUDA_IMAGE": "ghcr.io/ggml-org/llama.cpp:server-cuda-b99999",
+    "LLAMACPP_CPU_IMAGE": "local/llama.cpp:cpu",
+    "VLLM_IMAGE": "vllm/vllm-openai:v9.9.9",
+    "GPU0": "1",
+    "GPU1": "0",
+    "CPU_THREADS": "8",
+    "QWEN27_GGUF": "Qwen3.8-27B-GGUF/Qwen3.8-27B-Q4_K_M.gguf",
+    "QWEN122_N_CPU_MOE": "20",
+    "FOUNDATION_MAX_MODEL_LEN": "65536",
+    "STACK_NAME": "other-stack",
+}
+
+
+def check(backends: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k != "DEFAULT_MODEL"}
+    e.update(env or {})
+    e["BACKENDS_DIR"] = str(backends)
+    return subprocess.run([sys.executable, "-m", "swapper", "--check"], cwd=REPO, env=e,
+                          capture_output=True, text=True, timeout=60)
+
+
+# --------------------------------------------------------------------- the shipped registry
+
+def test_every_model_validates_with_no_environment():
+    reg = Registry.load(BACKENDS, env={})
+    ids = [m.id for m in reg]
+    assert "smollm2" in ids
+    for mid in GPU_MODELS:
+        assert mid in ids
+    assert reg.default == "smollm2", "a machine without a GPU must get a working default"
+    for m in reg:
+        assert m.image and "${" not in m.image
+        assert all("${" not in a for a in m.args), (m.id, m.args)
+        assert all("${" not in v for v in m.volumes), (m.id, m.volumes)
+
+
+def test_every_model_validates_with_typical_overrides():
+    reg = Registry.load(BACKENDS, env=TYPICAL_ENV)
+    q27 = reg.resolve("qwen3.8-27b")
+    assert q27.image == TYPICAL_ENV["LLAMACPP_CUDA_IMAGE"]
+    assert q27.gpus == ("1", "0")
+    assert "/models/Qwen3.8-27B-GGUF/Qwen3.8-27B-Q4_K_M.gguf" in q27.args
+    assert "/srv/models:/models:ro" in q27.volumes
+    q122 = reg.resolve("qwen-122b")
+    assert q122.args[q122.args.index("--n-cpu-moe") + 1] == "20"
+    f = reg.resolve("foundation")
+    assert f.image == "vllm/vllm-openai:v9.9.9"
+    assert f.context_length == 65536 and isinstance(f.context_length, int)
+    assert f.args[f.args.index("--max-model-len") + 1] == "65536"
+    assert "/srv/hf:/root/.cache/huggingface" in f.volumes
+    assert "other-stack-vllm-cache:/root/.cache/vllm" in f.volumes
+    assert f.env["HF_TOKEN"] == "hf_dummy"
+
+
+def test_aliases_resolve_to_the_seed_models():
+    reg = Registry.load(BACKENDS, env={})
+    assert reg.resolve("qwen-27b").id == "qwen3.8-27b"
+    assert reg.resolve("qwen-moe").id == "qwen3.8-35b-a3b"
+    assert reg.resolve("qwen-122b").id == "qwen3.8-122b-a10b"
+    assert reg.resolve("foundation").id == "foundation"
+
+
+def test_gpu_models_ask_for_gpus_and_vllm_ones_are_of_the_vllm_kind():
+    reg = Registry.load(BACKENDS, env={})
+    for mid in GPU_MODELS:
+        m = reg.resolve(mid)
+        assert m.gpus, f"{mid} must name its GPUs"
+        assert m.slots == 1
+    assert reg.resolve("smollm2").gpus == ()
+    gpu_file = yaml.safe_load((BACKENDS / "models" / "gpu.yaml").read_text())["models"]
+    for mid, raw in gpu_file.items():
+        if "vllm" in raw["image"]:
+            assert raw["kind"] == "vllm", mid
+        else:
+            assert raw["kind"] == "llamacpp", mid
+    assert reg.resolve("qwen3.8-27b").gpus == ("0", "1")
+    assert reg.resolve("foundation").gpus == ("0",)
+
+
+def _flag(m, name):
+    return m.args[m.args.index(name) + 1]
+
+
+def test_llamacpp_seed_flags():
+    reg = Registry.load(BACKENDS, env={})
+    for mid in ("qwen3.8-27b", "qwen3.8-35b-a3b", "qwen3.8-122b-a10b"):
+        m = reg.resolve(mid)
+        assert m.kind == "llamacpp"
+        assert m.image.startswith("ghcr.io/ggml-org/llama.cpp:server-cuda-b"), m.image
+        assert _flag(m, "-c") == "131072" and m.context_length == 131072
+        assert _flag(m, "--cache-type-k") == "q8_0" and _flag(m, "--cache-type-v") == "q8_0"
+        assert _flag(m, "--parallel") == "1"
+        assert _flag(m, "--flash-attn") == "on"
+        assert "--jinja" in m.args and _flag(m, "--reasoning-format") == "deepseek"
+        assert _flag(m, "--spec-type") == "draft-mtp"
+        assert _flag(m, "--split-mode") == "layer" and "," in _flag(m, "--tensor-split")
+        assert m.args[:4] == ("--host", "0.0.0.0", "--port", "8080")
+    q27 = reg.resolve("qwen3.8-27b")
+    assert _flag(q27, "-m").endswith("Q6_K.gguf") and _flag(q27, "--mmproj").endswith(".gguf")
+    assert int(_flag(reg.resolve("qwen3.8-122b-a10b"), "--n-cpu-moe")) > 0
+
+
+def test_vllm_seed_flags():
+    f = Registry.load(BACKENDS, env={}).resolve("foundation")
+    assert f.kind == "vllm" and f.port == 8000 and f.ipc_mode == "host"
+    assert f.image.startswith("vllm/vllm-openai:v")
+    assert "shawnw3i/Huihui-Qwen3.8-27B-abliterated-AWQ-MTP" in f.args
+    assert _flag(f, "--served-model-name") == "foundation"
+    assert _flag(f, "--max-model-len") == "253952" and f.context_length == 253952
+    assert _flag(f, "--gpu-memory-utilization") == "0.93"
+    assert _flag(f, "--max-num-seqs") == "1"
+    assert _flag(f, "--reasoning-parser") == "qwen3"
+    assert _flag(f, "--tool-call-parser") == "qwen3_coder"
+    assert _flag(f, "--dtype") == "float16"
+    for flag in ("--enable-chunked-prefill", "--enable-prefix-caching",
+                 "--enable-auto-tool-choice", "--language-model-only"):
+        assert flag in f.args
+    assert f.start_timeout == 900
+    assert "coding-stack-vllm-cache:/root/.cache/vllm" in f.volumes
+    assert "./hf-cache:/root/.cache/huggingface" in f.volumes
+
+
+# ------------------------------------------------------------ `python -m swapper --check`
+
+def test_check_accepts_the_shipped_registry():
+    r = check(BACKENDS)
+    assert r.returncode == 0, r.stderr
+    for mid in ("smollm2", *GPU_MODELS):
+        assert mid in r.stdout
+
+
+def _temp_registry(tmp_path: Path, models_yaml: str, extra: dict[str, str] | None = None) -> Path:
+    root = tmp_path / "backends"
+    shutil.copytree(BACKENDS / "kinds", root / "kinds")
+    (root / "models").mkdir()
+    (root / "models" / "a.yaml").write_text(models_yaml)
+    for name, text in (extra or {}).items():
+        (root / "models" / name).write_text(text)
+    return root
+
+
+GOOD = """
+models:
+  m1:
+    kind: llamacpp
+    image: img:1
+    aliases: [one]
+"""
+
+
+@pytest.mark.parametrize("models_yaml, extra, needles", [
+    pytest.param(GOOD.replace("aliases: [one]", "aliases: [one]\n    colour: red"), None,
+                 ["a.yaml", "'colour'", "unknown key"], id="unknown-key"),
+    pytest.param(GOOD, {"b.yaml": "models:\n  m2:\n    kind: llamacpp\n    image: img:2\n"
+                                  "    aliases: [one]\n"},
+                 ["b.yaml", "'one'", "already used"], id="duplicate-alias"),
+    pytest.param(GOOD, {"b.yaml": "models:\n  m1:\n    kind: llamacpp\n    image: img:2\n"},
+                 ["b.yaml", "'m1'", "already used"], id="duplicate-id"),
+    pytest.param(GOOD.replace("    image: img:1\n", ""), None,
+                 ["a.yaml", "'image'", "missing required key"], id="missing-image"),
+    pytest.param(GOOD.replace("    kind: llamacpp\n", ""), None,
+                 ["a.yaml", "'kind'", "missing"], id="missing-kind"),
+    pytest.param(GOOD.replace("kind: llamacpp", "kind: tgi"), None,
+                 ["a.yaml", "'kind'", "tgi"], id="unknown-kind"),
+    pytest.param(GOOD + "    slots: lots\n", None, ["a.yaml", "'slots'"], id="bad-type"),
+    pytest.param(GOOD + "    start_timeout: ${T:-0}\n", None,
+                 ["a.yaml", "'start_timeout'"], id="bad-interpolated-value"),
+    pytest.param("models: [\n", None, ["a.yaml", "YAML"], id="not-yaml"),
+])
+def test_check_rejects_broken_registries_naming_file_and_key(tmp_path, models_yaml, extra, needles):
+    root = _temp_registry(tmp_path, models_yaml, extra)
+    r = check(root)
+    assert r.returncode != 0
+    for needle in needles:
+        assert needle in r.stderr, (needle, r.stderr)
+
+
+def test_check_rejects_a_default_model_that_does_not_exist(tmp_path):
+    r = check(_temp_registry(tmp_path, GOOD), {"DEFAULT_MODEL": "nope"})
+    assert r.returncode != 0 and "nope" in r.stderr
+
+
+def test_check_accepts_a_minimal_temp_registry(tmp_path):
+    r = check(_temp_registry(tmp_path, GOOD))
+    assert r.returncode == 0, r.stderr
+    assert "m1" in r.stdout
+
+
+# --------------------------------------------------------------------------- interpolation
+
+def test_interpolation_forms():
+    env = {"A": "x", "EMPTY": "", "N": "7"}
+    assert interpolate("${A}", env) == "x"
+    assert interpolate("${MISSING}", env) == ""
+    assert interpolate("${MISSING:-d}", env) == "d"
+    assert interpolate("${A:-d}", env) == "x"
+    assert interpolate("${EMPTY:-d}", env) == "d", "empty counts as unset with :-"
+    assert interpolate("pre-${A}-${N}-post", env) == "pre-x-7-post"
+    assert interpolate("${MISSING:-a,b/c.d}", env) == "a,b/c.d"
+    assert interpolate(["${A}", {"k": "${N}"}, 3, True], env) == ["x", {"k": "7"}, 3, True]
+
+
+def test_interpolated_numbers_and_booleans_are_coerced(tmp_path):
+    root = _temp_registry(tmp_path, GOOD + "    slots: ${S:-3}\n    start_timeout: ${T}\n"
+                                           "    context_length: ${C:-4096}\n"
+                                           "    native_n: ${NN:-false}\n    idle_ttl: ${I:-1.5}\n")
+    m = Registry.load(root, env={"T": "42"}).resolve("m1")
+    assert (m.slots, m.start_timeout, m.context_length, m.native_n, m.idle_ttl) == (3, 42.0, 4096, False, 1.5)
+    m = Registry.load(root, env={"T": "5", "S": "2", "C": "8192", "NN": "yes"}).resolve("one")
+    assert (m.slots, m.start_timeout, m.context_length, m.native_n) == (2, 5.0, 8192, True)
+    with pytest.raises(RegistryError, match="'slots'"):
+        Registry.load(root, env={"T": "5", "S": "two"})
+
+
+# ---------------------------------------------------------------- manifest <-> registry
+
+def _manifest() -> dict:
+    with open(MANIFEST, "rb") as f:
+        return tomllib.load(f)
+
+
+def _defaults(backends: Path) -> dict[str, str]:
+    """VAR -> default of every ${VAR:-default} in the model files."""
+    import re
+    out = {}
+    for path in (backends / "models").glob("*.yaml"):
+        for var, default in re.findall(r"\$\{([A-Z0-9_]+):-([^}]*)\}", path.read_text()):
+            out.setdefault(var, default)
+    return out
+
+
+def test_manifest_file_names_are_the_ones_backends_loads():
+    manifest = _manifest()
+    defaults = _defaults(BACKENDS)
+    reg = Registry.load(BACKENDS, env={})
+    mounted = {}
+    for m in reg:
+        for a in m.args:
+            if a.startswith("/models/"):
+                mounted.setdefault(m.id, set()).add(a[len("/models/"):])
+    for model_id, entry in manifest.items():
+        assert reg.resolve(model_id) is not None, f"manifest model {model_id} is not in backends/"
+        for f in entry.get("files", []):
+            assert f["local"].endswith(f["remote"].split("/")[-1])
+            if "var" in f:
+                assert defaults.get(f["var"]) == f["local"], (
+                    f"backends/ defaults ${{{f['var']}}} to {defaults.get(f['var'])!r}, "
+                    f"the manifest to {f['local']!r}")
+                assert f["local"] in mounted.get(model_id, set()), (model_id, f["local"])
+        if entry["source"] == "hf-cache":
+            assert defaults.get(entry["var"]) == entry["repo"]
+            assert entry["repo"] in reg.resolve(model_id).args
+
+
+def test_every_gguf_that_backends_loads_is_in_the_manifest():
+    manifest = _manifest()
+    known = {f["local"] for e in manifest.values() for f in e.get("files", [])}
+    for m in Registry.load(BACKENDS, env={}):
+        if m.id not in manifest:
+            continue            # models maintained elsewhere (e.g. test-bed-only ones)
+        for a in m.args:
+            if a.startswith("/models/"):
+                assert a[len("/models/"):] in known, (m.id, a)
+
+
+def test_manifest_sources_are_well_formed():
+    for model_id, e in _manifest().items():
+        assert e["source"] in ("pypi", "hf", "hf-cache"), model_id
+        if e["source"] == "pypi":
+            assert "==" in e["package"], "pin the wheel"
+            for f in e["files"]:
+                assert f["size"] > 0 and len(f["sha256"]) == 64
+        elif e["source"] == "hf":
+            assert e["repo"].count("/") == 1 and e["files"]
+        else:
+            assert e["repo"].count("/") == 1 and e["var"]
