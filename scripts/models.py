@@ -318,7 +318,7 @@ def hf_cli() -> tuple[list[str], str | None]:
     if not hf.exists():
         print(f"  installing the Hugging Face CLI (huggingface_hub) into {venv}", flush=True)
         for cmd in ([sys.executable, "-m", "venv", str(venv)],
-                    [str(venv / "bin" / "pip"), "install", "-q", "--upgrade", "huggingface_hub"]):
+                    [str(venv / "bin" / "pip"), "install", "-q", "huggingface_hub>=0.34"]):
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
                 raise FetchError(f"could not install the Hugging Face CLI ({' '.join(cmd[:3])}): "
