@@ -2,16 +2,17 @@
 
 Both services run this way in their containers and outside Docker
 (`python -m proxy`, `python -m swapper`), so tests exercise the real server.
+The app is built inside the worker (`factory()`), after gevent has patched the
+standard library, so the master never imports requests/ssl unpatched.
 """
 from __future__ import annotations
 
-import logging
 from typing import Callable
 
 from gunicorn.app.base import BaseApplication
 
 
-class _App(BaseApplication):
+class _Server(BaseApplication):
     def __init__(self, factory: Callable, options: dict):
         self._factory = factory
         self._options = options
@@ -19,35 +20,33 @@ class _App(BaseApplication):
 
     def load_config(self):
         for key, value in self._options.items():
-            if value is not None and key in self.cfg.settings:
+            if value is not None:
                 self.cfg.set(key, value)
 
     def load(self):
-        # Called in the worker, after gevent has patched the standard library.
         return self._factory()
 
 
-def serve(factory: Callable, host: str, port: int, workers: int = 1,
-          on_exit: Callable | None = None, **options) -> None:
-    """Run until SIGTERM/SIGINT. `factory()` builds the WSGI app in the worker."""
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    opts = {
+def serve(factory: Callable, host: str, port: int, *, workers: int = 1,
+          name: str = "coding-stack", loglevel: str = "info", keepalive: int = 75,
+          on_exit: Callable[[], None] | None = None) -> None:
+    """Run until SIGTERM/SIGINT. On SIGTERM the worker finishes in-flight
+    requests, but also waits for idle keep-alive connections to time out:
+    `keepalive` bounds how long an idle client delays a shutdown."""
+    _Server(factory, {
         "bind": f"{host}:{port}",
         "workers": workers,
         "worker_class": "gevent",
         "worker_connections": 1000,
-        # Streams (cold starts, long generations) last minutes; gevent workers
-        # keep heartbeating meanwhile, so this only bounds a wedged worker.
-        "timeout": 300,
+        "timeout": 0,              # streams, cold starts and swaps last minutes
         "graceful_timeout": 30,
-        "keepalive": 75,
+        "keepalive": keepalive,
+        "loglevel": loglevel.lower(),
         "accesslog": None,
         "errorlog": "-",
-        "loglevel": "info",
-        "on_exit": (lambda server: on_exit()) if on_exit else None,
-        # One control socket per user by default: several servers would fight over it.
+        "proc_name": name,
+        # gunicorn 27 opens a control socket under ~ by default: several servers
+        # (or a user with no home) would fight over it.
         "control_socket_disable": True,
-    }
-    opts.update(options)
-    _App(factory, opts).run()
+        "on_exit": (lambda server: on_exit()) if on_exit else None,
+    }).run()

@@ -55,7 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:
             print(f"swapper exit: could not remove backends: {e}", file=sys.stderr)
 
-    serve(factory, settings.host, settings.port, workers=1, on_exit=on_exit)
+    import logging
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Its only client is the proxy next door: a short keep-alive lets
+    # `docker compose down` finish (and remove the backend) promptly.
+    serve(factory, settings.host, settings.port, workers=1, name="coding-stack-swapper",
+          keepalive=5, on_exit=on_exit)
     return 0
 
 

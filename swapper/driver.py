@@ -104,8 +104,6 @@ class Driver:
         while True:
             try:
                 self.runtime.stop(target)
-                # Belt and braces: nothing of this stack may survive a stop.
-                self.runtime.remove_all()
                 break
             except Exception as e:
                 if self._stopping.is_set():

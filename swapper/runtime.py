@@ -253,21 +253,20 @@ class DockerRuntime:
 
     # ------------------------------------------------------------------- stop
     def stop(self, backend_or_model: Backend | str, timeout: float | None = None) -> None:
-        """Graceful stop, then remove; returns once the container is gone."""
+        """Graceful stop (SIGTERM, then SIGKILL after the timeout), then remove;
+        returns once the container is gone."""
         if isinstance(backend_or_model, Backend):
             target, model = backend_or_model.container_id, backend_or_model.model
         else:
             model = backend_or_model
             c = self._find(model)
-            target = c.id if c else None
-        if target is None:
-            return
+            if c is None:
+                return
+            target = c.id
         spec = self.registry.models.get(model)
         t = timeout if timeout is not None else (spec.stop_timeout if spec else 10)
         try:
-            c = self.client.containers.get(target)
-            if c.status == "running":
-                c.stop(timeout=int(max(t, 0)))
+            self.client.api.stop(target, timeout=int(max(t, 0)))
         except docker.errors.NotFound:
             return
         except docker.errors.APIError as e:
@@ -275,18 +274,19 @@ class DockerRuntime:
         self._remove_quietly(target)
 
     def _remove_quietly(self, name_or_id: str) -> None:
+        """Remove a container; returns once it is gone (removal is synchronous in
+        the engine, unless another removal of it was already under way)."""
         try:
-            self.client.containers.get(name_or_id).remove(force=True)
+            self.client.api.remove_container(name_or_id, force=True)
+            return
         except docker.errors.NotFound:
             return
         except docker.errors.APIError as e:
             if "already in progress" not in str(e):
                 log.warning("removing %s: %s", name_or_id, e)
-        # Removal is synchronous, but wait for it to be gone all the same: the
-        # next backend needs the host port and the GPU memory.
         for _ in range(100):
             try:
-                self.client.containers.get(name_or_id)
+                self.client.api.inspect_container(name_or_id)
             except docker.errors.NotFound:
                 return
             time.sleep(0.1)

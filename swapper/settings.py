@@ -30,7 +30,7 @@ class Settings:
     # (the Docker daemon needs host paths, also when the swapper runs in a container).
     host_dir: str = str(_REPO_BACKENDS.parent)
     connect_timeout: float = 10.0
-    health_interval: float = 0.05
+    health_interval: float = 0.025
     watch_interval: float = 1.0
     backoff_base: float = 2.0
     backoff_max: float = 60.0

@@ -7,7 +7,8 @@ For each run, side by side on one machine:
      time from sending the request to the first streamed token.
   L  the backend alone: `docker run` of the same tiny-b container (same image,
      args, volumes) by hand, polled for /health every 10 ms until 200.
-  F  first-token time of the warm tiny-b backend, requested directly.
+  F  first-token time of that fresh tiny-b backend's first request (the
+     swapped-in backend's first request is cold too), requested directly.
 Swap overhead = T - L - F: what the swapper adds (draining and stopping the old
 container, scheduling, health polling granularity, forwarding). Medians are
 reported; nothing is asserted (benchmarks never gate tests).
@@ -65,8 +66,7 @@ def direct_cold_start(client, model_id: str, env: dict) -> tuple[float, float]:
                 pass
             time.sleep(0.01)
         load = time.perf_counter() - t0
-        ftt = statistics.median(first_token(url) for _ in range(3))
-        return load, ftt
+        return load, first_token(url)
     finally:
         reap(client, stack)
 
