@@ -28,7 +28,7 @@ from swapper.registry import Registry
 from swapper.runtime import DockerRuntime
 from swapper.settings import Settings
 from tests.support.servers import free_port
-from tests.support.swapperproc import FIXTURE_BACKENDS, SwapperProcess, reap, testbed_env
+from tests.support.swapperproc import FIXTURE_BACKENDS, SwapperProcess, reap, load_testbed_env
 
 BODY = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 1,
         "stream": True, "temperature": 0}
@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     client = docker.from_env()
-    env = {**os.environ, **testbed_env()}
+    env = {**os.environ, **load_testbed_env()}
     T, L, F = [], [], []
     with SwapperProcess() as sw:
         for _ in range(args.runs):

@@ -19,7 +19,7 @@ FIXTURE_BACKENDS = REPO / "tests" / "fixtures" / "backends"
 LABEL_STACK = "org.coding-stack.stack"
 
 
-def testbed_env() -> dict:
+def load_testbed_env() -> dict:
     """The test bed's variables; raises (tests fail, not skip) when it is not laid."""
     need = ("TESTBED_LLAMACPP_IMAGE", "TESTBED_MODELS_DIR", "TESTBED_MODEL_FILE",
             "TESTBED_BASE_IMAGE")
@@ -62,7 +62,7 @@ class SwapperProcess:
             "BACKENDS_DIR": str(backends_dir), "STACK_NAME": self.stack,
             "BACKEND_PUBLISH_PORT": str(self.publish_port), "BACKEND_BIND": "127.0.0.1",
             "CRASH_BACKOFF": "0.5", "WATCH_INTERVAL": "0.5", "PYTHONUNBUFFERED": "1",
-            **testbed_env(),
+            **load_testbed_env(),
         }
         self.env.update({k: str(v) for k, v in env.items()})
         self.proc = None

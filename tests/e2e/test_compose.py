@@ -1,0 +1,114 @@
+"""The product as a user runs it: `docker compose up -d`, then the OpenAI SDK
+against :11433, then `docker compose down` leaving nothing behind."""
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import openai
+import pytest
+import requests
+
+from tests.support.servers import free_port, wait_http
+from tests.support.swapperproc import stack_containers, load_testbed_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Compose:
+    def __init__(self):
+        self.stack = f"cse2e-{uuid.uuid4().hex[:6]}"
+        self.proxy_port = free_port()
+        self.backend_port = free_port()
+        self.env = {
+            **os.environ, **load_testbed_env(),
+            "STACK_NAME": self.stack,
+            "PROXY_PORT": str(self.proxy_port), "PROXY_BIND": "127.0.0.1",
+            "BACKEND_PUBLISH_PORT": str(self.backend_port),
+            "PYTHON_BASE_IMAGE": os.environ["TESTBED_BASE_IMAGE"],
+            "WEB_SEARCH": "0",        # no SearXNG in this test; the search loop has its own tests
+            "PWD": str(REPO),
+        }
+
+    def __call__(self, *args, check=True, timeout=900):
+        cmd = ["docker", "compose", "-f", "docker-compose.yaml", "-f",
+               "tests/e2e/compose.test.yaml", *args]
+        p = subprocess.run(cmd, cwd=REPO, env=self.env, capture_output=True, text=True,
+                           timeout=timeout)
+        if check and p.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+        return p
+
+    def logs(self) -> str:
+        return self("logs", "--no-color", "--tail", "80", check=False).stdout
+
+
+def test_default_compose_file_is_valid():
+    p = subprocess.run(["docker", "compose", "-f", "docker-compose.yaml", "config", "-q"],
+                       cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run(["docker", "compose", "-f", "docker-compose.yaml", "--profile", "searxng",
+                        "config", "--services"], cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 0 and set(p.stdout.split()) == {"proxy", "swapper", "searxng"}
+
+
+@pytest.fixture(scope="module")
+def stack():
+    compose = Compose()
+    client = docker.from_env()
+    try:
+        compose("build")
+        compose("up", "-d", "--wait", "--wait-timeout", "180")
+        wait_http(f"http://127.0.0.1:{compose.proxy_port}/healthz", 60)
+        yield compose
+    except Exception:
+        print(compose.logs())
+        raise
+    finally:
+        down = compose("down", "--remove-orphans", "--timeout", "60", check=False)
+        left = stack_containers(client, compose.stack) + client.containers.list(
+            all=True, filters={"label": f"com.docker.compose.project={compose.stack}"})
+        nets = client.networks.list(names=[compose.stack])
+        for c in left:                       # never leak, even when the test fails
+            c.remove(force=True)
+        for n in nets:
+            n.remove()
+        assert down.returncode == 0, down.stderr
+        assert not left, f"left behind: {[c.name for c in left]}"
+        assert not nets, "network left behind"
+
+
+def test_the_stack_end_to_end(stack):
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{stack.proxy_port}/v1", api_key="none",
+                           timeout=None, max_retries=0)
+    ids = {m.id for m in client.models.list().data}
+    assert {"tiny-a", "tiny-b"} <= ids
+
+    r = client.chat.completions.create(model="tiny-a", max_tokens=8,
+                                       messages=[{"role": "user", "content": "Say hello."}])
+    assert r.choices[0].message.content
+
+    chunks = list(client.chat.completions.create(
+        model="a", max_tokens=8, stream=True,
+        messages=[{"role": "user", "content": "Say hello."}]))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    running = requests.get(f"http://127.0.0.1:{stack.proxy_port}/running", timeout=10).json()
+    assert running["model"] == "tiny-a"
+
+    # swap to the other CPU model
+    r = client.chat.completions.create(model="tiny-b", max_tokens=4,
+                                       messages=[{"role": "user", "content": "Hi"}])
+    assert r.choices[0].message.content is not None
+    running = requests.get(f"http://127.0.0.1:{stack.proxy_port}/running", timeout=10).json()
+    assert running["model"] == "tiny-b"
+    backends = stack_containers(docker.from_env(), stack.stack, running_only=True)
+    assert [c.labels["org.coding-stack.model"] for c in backends] == ["tiny-b"]
+
+    # the resident backend, directly on its published port
+    direct = requests.post(f"http://127.0.0.1:{stack.backend_port}/v1/chat/completions",
+                           json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+                           timeout=60)
+    assert direct.status_code == 200 and direct.json()["choices"]
