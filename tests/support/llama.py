@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import tempfile
 from pathlib import Path
 
-from .servers import free_port, wait_http
+from .process import ServiceProcess
 
 
 def llama_paths() -> tuple[str, str]:
@@ -25,32 +23,17 @@ def llama_paths() -> tuple[str, str]:
     return binary, str(path)
 
 
-class LlamaServer:
+class LlamaServer(ServiceProcess):
+    name = "llama-server"
+    health_path = "/health"
+    ready_timeout = 120.0
+
     def __init__(self, ctx: int = 2048, parallel: int = 2):
+        super().__init__()
         self.binary, self.model = llama_paths()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.args = [self.binary, "-m", self.model, "--host", "127.0.0.1", "--port",
                      str(self.port), "-c", str(ctx), "--parallel", str(parallel),
                      "--metrics", "--slots", "-t", "2"]
 
-    def __enter__(self):
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="llama-", suffix=".log",
-                                               delete=False)
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
-        try:
-            wait_http(self.url + "/health", 120, proc=self.proc)
-        except Exception:
-            self.__exit__()
-            raise RuntimeError("llama-server did not start:\n" + Path(self.log.name).read_text()[-3000:])
-        return self
-
-    def __exit__(self, *exc):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+    def command(self) -> list[str]:
+        return self.args

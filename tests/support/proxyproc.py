@@ -2,52 +2,23 @@
 or the app in-process on a werkzeug thread server."""
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-from .servers import ServerThread, free_port, wait_http
-
-REPO = Path(__file__).resolve().parents[2]
+from .process import ServiceProcess
+from .servers import ServerThread
 
 
-class ProxyProcess:
+class ProxyProcess(ServiceProcess):
+    name = "proxy"
+    stop_signal = signal.SIGINT          # gunicorn: quick shutdown
+
     def __init__(self, **env):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {k: str(v) for k, v in env.items()}
+        super().__init__(env)
+        self.env.update({"PROXY_HOST": "127.0.0.1", "PROXY_PORT": str(self.port)})
 
-    def __enter__(self):
-        env = dict(os.environ)
-        env.update({"PROXY_HOST": "127.0.0.1", "PROXY_PORT": str(self.port),
-                    "PYTHONUNBUFFERED": "1"})
-        env.update(self.env)
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="proxy-", suffix=".log",
-                                               delete=False)
-        self.proc = subprocess.Popen([sys.executable, "-m", "proxy"], cwd=REPO, env=env,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        try:
-            wait_http(self.url + "/healthz", 30, proc=self.proc)
-        except Exception:
-            self.__exit__()
-            raise RuntimeError("proxy did not start:\n" + self.logs())
-        return self
-
-    def logs(self) -> str:
-        return Path(self.log.name).read_text()
-
-    def __exit__(self, *exc):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)     # gunicorn: quick shutdown
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "proxy"]
 
 
 def inprocess(settings):

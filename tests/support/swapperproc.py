@@ -4,17 +4,15 @@ name so it can touch nothing but what it creates."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 
 import docker
 
-from .servers import free_port, wait_http
+from .process import REPO, ServiceProcess
+from .servers import free_port
 
-REPO = Path(__file__).resolve().parents[2]
 FIXTURE_BACKENDS = REPO / "tests" / "fixtures" / "backends"
 LABEL_STACK = "org.coding-stack.stack"
 
@@ -49,55 +47,26 @@ def reap(client: docker.DockerClient, stack: str) -> int:
     return len(found)
 
 
-class SwapperProcess:
+class SwapperProcess(ServiceProcess):
+    name = "swapper"
+
     def __init__(self, stack: str | None = None, backends_dir: Path = FIXTURE_BACKENDS,
                  publish_port: int | None = None, **env):
+        super().__init__()
         self.stack = stack or new_stack_name()
-        self.port = free_port()
         self.publish_port = publish_port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.backend_url = f"http://127.0.0.1:{self.publish_port}"
-        self.env = {
+        self.env.update({
             "SWAPPER_HOST": "127.0.0.1", "SWAPPER_PORT": str(self.port),
             "BACKENDS_DIR": str(backends_dir), "STACK_NAME": self.stack,
             "BACKEND_PUBLISH_PORT": str(self.publish_port), "BACKEND_BIND": "127.0.0.1",
-            "CRASH_BACKOFF": "0.5", "WATCH_INTERVAL": "0.5", "PYTHONUNBUFFERED": "1",
+            "CRASH_BACKOFF": "0.5", "WATCH_INTERVAL": "0.5",
             **load_testbed_env(),
-        }
+        })
         self.env.update({k: str(v) for k, v in env.items()})
-        self.proc = None
 
-    def __enter__(self):
-        self.start()
-        return self
-
-    def start(self):
-        env = dict(os.environ)
-        env.update(self.env)
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="swapper-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([sys.executable, "-m", "swapper"], cwd=REPO, env=env,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        try:
-            wait_http(self.url + "/healthz", 30, proc=self.proc)
-        except Exception:
-            self.stop()
-            raise RuntimeError("swapper did not start:\n" + self.logs())
-        return self
-
-    def logs(self) -> str:
-        return Path(self.log.name).read_text()
-
-    def stop(self, kill: bool = False):
-        if self.proc and self.proc.poll() is None:
-            if kill:
-                self.proc.kill()
-            else:
-                self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "swapper"]
 
     def __exit__(self, *exc):
         self.stop()
