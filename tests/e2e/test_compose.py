@@ -54,6 +54,22 @@ def test_default_compose_file_is_valid():
     assert p.returncode == 0 and set(p.stdout.split()) == {"proxy", "swapper", "searxng"}
 
 
+def test_env_example_parses_as_documented():
+    """Every value of .env.example reaches the services as written (compose reads
+    an inline comment into the value, so the file must not have any)."""
+    import json as _json
+    p = subprocess.run(["docker", "compose", "-f", "docker-compose.yaml", "--env-file",
+                        ".env.example", "config", "--format", "json"],
+                       cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    services = _json.loads(p.stdout)["services"]
+    for name in ("proxy", "swapper"):
+        for key, value in services[name]["environment"].items():
+            assert "#" not in (value or ""), f"{name}: {key}={value!r}"
+    assert services["swapper"]["environment"]["MAX_QUEUE"] == "64"
+    assert services["proxy"]["ports"][0]["host_ip"] == "127.0.0.1"
+
+
 @pytest.fixture(scope="module")
 def stack():
     compose = Compose()
