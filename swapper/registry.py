@@ -30,6 +30,7 @@ MODEL_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "image": (str, True),
     "args": (list, False),
     "args_prefix": (list, False),
+    "args_suffix": (list, False),
     "env": (dict, False),
     "volumes": (list, False),
     "gpus": (list, False),
@@ -201,7 +202,7 @@ def _to_spec(model_id: str, raw: dict, where: str, kinds: dict, env: Mapping[str
         values[key] = _coerce(f"{where}: model '{model_id}'", key, merged[key], want)
 
     where_m = f"{where}: model '{model_id}'"
-    for key in ("aliases", "args", "args_prefix", "volumes", "gpus", "healthcheck"):
+    for key in ("aliases", "args", "args_prefix", "args_suffix", "volumes", "gpus", "healthcheck"):
         for item in values.get(key, []):
             if not isinstance(item, (str, int, float)) or isinstance(item, bool):
                 raise RegistryError(f"{where_m}: key '{key}' must hold strings, got {item!r}")
@@ -219,8 +220,9 @@ def _to_spec(model_id: str, raw: dict, where: str, kinds: dict, env: Mapping[str
         raise RegistryError(f"{where_m}: key 'image' is empty")
 
     port = values["port"]
-    prefix = [str(a).format(port=port, id=model_id) for a in values.get("args_prefix", [])]
-    args = tuple(prefix + [str(a) for a in values.get("args", [])])
+    def fill(key: str) -> list[str]:
+        return [str(a).format(port=port, id=model_id) for a in values.get(key, [])]
+    args = tuple(fill("args_prefix") + [str(a) for a in values.get("args", [])] + fill("args_suffix"))
     return ModelSpec(
         id=model_id,
         kind=kind,

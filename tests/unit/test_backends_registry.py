@@ -131,7 +131,9 @@ def test_vllm_seed_flags():
     f = Registry.load(BACKENDS, env={}).resolve("foundation")
     assert f.kind == "vllm" and f.port == 8000 and f.ipc_mode == "host"
     assert f.image.startswith("vllm/vllm-openai:v")
-    assert "shawnw3i/Huihui-Qwen3.8-27B-abliterated-AWQ-MTP" in f.args
+    # `vllm serve` takes the model as its FIRST positional argument (vLLM 0.32
+    # exits otherwise): the kind's --host/--port/--served-model-name come after.
+    assert f.args[0] == "shawnw3i/Huihui-Qwen3.8-27B-abliterated-AWQ-MTP"
     assert _flag(f, "--served-model-name") == "foundation"
     assert _flag(f, "--max-model-len") == "253952" and f.context_length == 253952
     assert _flag(f, "--gpu-memory-utilization") == "0.93"
@@ -148,6 +150,13 @@ def test_vllm_seed_flags():
 
 
 # ------------------------------------------------------------ `python -m swapper --check`
+
+def test_every_vllm_model_names_its_model_first():
+    for m in Registry.load(BACKENDS, env={}):
+        if m.kind == "vllm":
+            assert not m.args[0].startswith("-"), f"{m.id}: {m.args[:3]}"
+            assert m.args[-2:] == ("--served-model-name", m.id)
+
 
 def test_check_accepts_the_shipped_registry():
     r = check(BACKENDS)
