@@ -38,11 +38,11 @@ class Swapper:
     metrics: SwapperMetrics
 
 
-def build(settings: Settings, runtime: DockerRuntime | None = None) -> Swapper:
+def build(settings: Settings) -> Swapper:
     registry = Registry.load(settings.backends_dir, settings.env, settings.default_model)
     scheduler = Scheduler(lambda m: registry.models[m].slots, max_queue=settings.max_queue,
                           backoff_base=settings.backoff_base, backoff_max=settings.backoff_max)
-    runtime = runtime or DockerRuntime(settings, registry)
+    runtime = DockerRuntime(settings, registry)
     metrics = SwapperMetrics(scheduler.snapshot)
     driver = Driver(scheduler, runtime, registry, settings, metrics)
     forwarder = Forwarder(scheduler, driver, settings, metrics)
@@ -50,12 +50,10 @@ def build(settings: Settings, runtime: DockerRuntime | None = None) -> Swapper:
                    metrics)
 
 
-def create_app(settings: Settings | None = None, swapper: Swapper | None = None,
-               start: bool = True) -> Flask:
+def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or Settings.from_env()
-    sw = swapper or build(settings)
-    if start:
-        sw.driver.start()
+    sw = build(settings)
+    sw.driver.start()
 
     app = Flask("swapper")
     app.extensions["swapper"] = sw

@@ -95,9 +95,9 @@ class DockerRuntime:
         except Exception:
             return False
 
-    def containers(self, all: bool = True) -> list:
-        """This stack's backend containers (running only when all=False)."""
-        return self.client.containers.list(all=all, filters=self.labels_filter)
+    def containers(self) -> list:
+        """This stack's backend containers, running or not."""
+        return self.client.containers.list(all=True, filters=self.labels_filter)
 
     def state(self, backend: Backend) -> tuple[bool, str]:
         """(running, reason): whether the backend's container still runs."""

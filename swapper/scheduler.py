@@ -66,8 +66,6 @@ class Ticket:
     state: str = "waiting"          # waiting | admitted | done | failed | cancelled
     error: SchedulerError | None = None
     backend: Any = None             # what the driver reported for the epoch (address...)
-    submitted: float = 0.0
-    admitted_at: float | None = None
     event: threading.Event = field(default_factory=threading.Event)
 
 
@@ -108,7 +106,7 @@ class Scheduler:
         with self._cv:
             if len(self._queue) >= self.max_queue:
                 raise QueueFull(len(self._queue))
-            t = Ticket(next(self._seq), model, submitted=self._clock())
+            t = Ticket(next(self._seq), model)
             if model is not None and model == self.model and (
                     self.phase == LOADING
                     or (self.phase == READY and not self._others_waiting())):
@@ -273,8 +271,7 @@ class Scheduler:
         self._active.add(t)
         t.state = "admitted"
         t.backend = self._backend
-        t.admitted_at = self._clock()
-        self.last_activity = t.admitted_at
+        self.last_activity = self._clock()
         t.event.set()
 
     def _adopt_waiting(self, model: str) -> None:
