@@ -11,7 +11,7 @@ from flask import Flask, Response, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from common.errors import ApiError, error_response, install_error_handlers
-from common.streaming import forward_headers, relay
+from common.streaming import forward_headers, iter_upstream, relay
 
 from . import normalize
 from .metrics import Metrics
@@ -150,7 +150,6 @@ def create_app(settings: Settings | None = None) -> Flask:
         r = upstream.request("POST", "/v1/chat/completions", headers=forward_headers(
             request.headers), data=data, stream=True)
         if stream:
-            from common.streaming import iter_upstream
             return relay(r, body=normalize.normalize_sse(iter_upstream(r)))
         content = normalize.normalize_completion_bytes(r.content)
         r.close()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from flask import Flask, Response, jsonify, request
 
-from .servers import ServerThread
+from .servers import ScriptedServer
 
 _ids = itertools.count(1)
 
@@ -49,7 +49,7 @@ def _pieces(text: str, n: int = 4) -> list[str]:
     return [text[i:i + n] for i in range(0, len(text), n)] or [""]
 
 
-class ScriptedChat:
+class ScriptedChat(ScriptedServer):
     def __init__(self, replies=(), model: str = "scripted-model", models: list | None = None):
         self.replies: list[Reply] = list(replies)
         self.model = model
@@ -156,10 +156,3 @@ class ScriptedChat:
                 raise ConnectionAbortedError("scripted stream break")
             yield b
 
-    def __enter__(self):
-        self._server = ServerThread(self.app).__enter__()
-        self.url = self._server.url
-        return self
-
-    def __exit__(self, *exc):
-        self._server.__exit__(*exc)

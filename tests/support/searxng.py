@@ -12,7 +12,7 @@ import threading
 
 from flask import Flask, Response, jsonify, request
 
-from .servers import ServerThread
+from .servers import ScriptedServer
 
 UNRESPONSIVE = [["google", "timeout"], ["duckduckgo", "CAPTCHA"], ["brave", "HTTP error"]]
 
@@ -37,7 +37,7 @@ def make_results(q: str, n: int = 5, host: str = "example.com") -> list[dict]:
     } for i in range(n)]
 
 
-class FakeSearxng:
+class FakeSearxng(ScriptedServer):
     def __init__(self):
         self.mode = "ok"
         self.results: dict[str, list[dict]] = {}     # query -> results (override)
@@ -92,10 +92,3 @@ class FakeSearxng:
 
         return app
 
-    def __enter__(self):
-        self._server = ServerThread(self.app).__enter__()
-        self.url = self._server.url
-        return self
-
-    def __exit__(self, *exc):
-        self._server.__exit__(*exc)

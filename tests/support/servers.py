@@ -49,3 +49,17 @@ def wait_http(url: str, deadline_s: float = 30.0, ok=(200,), proc=None) -> reque
             last = str(e)
         time.sleep(0.1)
     raise TimeoutError(f"{url} not ready after {deadline_s} s: {last}")
+
+
+class ScriptedServer:
+    """Base of the scripted test servers: a subclass sets `self.app`; `with`
+    serves it on a free loopback port and sets `self.url`."""
+    app = None
+
+    def __enter__(self):
+        self._server = ServerThread(self.app).__enter__()
+        self.url = self._server.url
+        return self
+
+    def __exit__(self, *exc):
+        self._server.__exit__(*exc)
