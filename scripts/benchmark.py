@@ -207,7 +207,9 @@ def table(result: dict) -> str:
         ("prefill, backend timings", m["prefill_tok_s_backend"], "tok/s", 0),
     ]
     where = {"direct": " (direct to the backend)", "stack": " (through the stack)"}.get(result["mode"], "")
-    out = [f"model {result['model']}  ·  {result['url']}{where}  ·  {result['runs']} runs, median",
+    name = result["model"]
+    name = os.path.basename(name) if name.startswith("/") else name   # llama-server: its file
+    out = [f"model {name}  ·  {result['url']}{where}  ·  {result['runs']} runs, median",
            "",
            f"{'metric':<34} {'median':>10} {'min':>10} {'max':>10}  unit",
            f"{'-' * 34} {'-' * 10} {'-' * 10} {'-' * 10}  -----"]
