@@ -148,7 +148,8 @@ def create_app(settings: Settings | None = None) -> Flask:
 
         data = json.dumps(body, ensure_ascii=False).encode() if changed else raw
         r = upstream.request("POST", "/v1/chat/completions", headers=forward_headers(
-            request.headers), data=data, stream=True)
+            request.headers), data=data, stream=True, environ=request.environ,
+            read_body=not stream)
         if stream:
             return relay(r, body=normalize.normalize_sse(iter_upstream(r)))
         content = normalize.normalize_completion_bytes(r.content)
@@ -165,7 +166,8 @@ def create_app(settings: Settings | None = None) -> Flask:
         path, _, query = target.partition("?")
         data = request.get_data() if request.method not in ("GET", "HEAD") else None
         r = upstream.request(request.method, path, query=query,
-                             headers=forward_headers(request.headers), data=data or None)
+                             headers=forward_headers(request.headers), data=data or None,
+                             environ=request.environ)
         return relay(r)
 
     app.add_url_rule("/v1/<path:rest>", "v1", passthrough, methods=ALL_METHODS)

@@ -12,6 +12,7 @@ import time
 import requests
 from requests.adapters import HTTPAdapter
 
+from common.disconnect import ClientGone, call_watching_client, watch_connections
 from common.errors import ApiError
 
 log = logging.getLogger("proxy.upstream")
@@ -26,18 +27,34 @@ class Upstream:
         adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
         s.mount("http://", adapter)
         s.mount("https://", adapter)
-        self.session = s
+        self.session = watch_connections(s)
 
     def request(self, method: str, path: str, *, query: str = "", headers=None, data=None,
-                stream: bool = True, read_timeout: float | None = None) -> requests.Response:
-        """Send one request upstream. Raises ApiError(502) if the upstream cannot be reached."""
+                stream: bool = True, read_timeout: float | None = None,
+                environ: dict | None = None, read_body: bool = False) -> requests.Response:
+        """Send one request upstream. Raises ApiError(502) if the upstream cannot be reached.
+
+        With the client's WSGI `environ`, the wait for the answer's headers (and,
+        with read_body, its whole body) gives up when the client disconnects:
+        the upstream connection is closed, so the model stops generating.
+        """
         url = self.base_url + path
         if query:
             url += "?" + query
+
+        def send() -> requests.Response:
+            r = self.session.request(method, url, headers=headers, data=data, stream=stream,
+                                     timeout=(self.connect_timeout, read_timeout),
+                                     allow_redirects=False)
+            if read_body:
+                r.content
+            return r
+
         try:
-            return self.session.request(method, url, headers=headers, data=data, stream=stream,
-                                        timeout=(self.connect_timeout, read_timeout),
-                                        allow_redirects=False)
+            return call_watching_client(send, environ) if environ is not None else send()
+        except ClientGone:
+            raise ApiError("client disconnected before the answer", 499,
+                           code="client_closed") from None
         except requests.exceptions.ConnectTimeout as e:
             raise ApiError(f"upstream {self.base_url} unreachable: connect timed out after "
                            f"{self.connect_timeout:g} s ({url})", 502,

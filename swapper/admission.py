@@ -2,31 +2,14 @@
 that goes away), and turn scheduler errors into OpenAI-envelope errors."""
 from __future__ import annotations
 
-import select
-import socket
 import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from common.disconnect import POLL, client_gone
 from common.errors import ApiError
 
 from .scheduler import Cancelled, LoadFailed, QueueFull, Scheduler, Ticket
-
-POLL = 1.0   # how often a waiting handler checks that its client is still there
-
-
-def client_gone(environ: dict) -> bool:
-    """True when the client closed its connection (gunicorn exposes the socket)."""
-    sock = environ.get("gunicorn.socket")
-    if sock is None:
-        return False
-    try:
-        # Not recv(MSG_DONTWAIT): gevent's socket waits on EAGAIN. A zero-timeout
-        # select says whether a read would return at once; EOF reads as b"".
-        readable, _, _ = select.select([sock], [], [], 0)
-        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
-    except (ValueError, OSError):
-        return True
 
 
 def wait_admitted(scheduler: Scheduler, model: str | None, environ: dict, metrics=None) -> Ticket:

@@ -177,6 +177,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     def pass_through(spec: ModelSpec, path: str, body: bytes):
         ticket = wait_admitted(sw.scheduler, spec.id, request.environ, sw.metrics)
         return sw.forwarder.forward(ticket, request.method, path,
-                                    request.query_string.decode(), request.headers, body or None)
+                                    request.query_string.decode(), request.headers, body or None,
+                                    request.environ)
 
     return app

@@ -8,6 +8,7 @@ import json
 import requests
 from requests.adapters import HTTPAdapter
 
+from common.disconnect import ClientGone, call_watching_client, watch_connections
 from common.errors import ApiError, error_body
 from common.streaming import forward_headers, iter_upstream, relay
 
@@ -27,17 +28,25 @@ class Forwarder:
         self.session = requests.Session()
         adapter = HTTPAdapter(pool_connections=4, pool_maxsize=128, max_retries=0)
         self.session.mount("http://", adapter)
+        watch_connections(self.session)
 
     def open(self, ticket: Ticket, method: str, path: str, query: str, headers,
-             body: bytes | None) -> requests.Response:
-        """Send the request upstream (headers only read). On failure the slot is
+             body: bytes | None, environ: dict) -> requests.Response:
+        """Send the request upstream and wait for its headers (for a non-streaming
+        answer: until generation ends). A client that leaves meanwhile closes the
+        upstream connection, so the backend stops. On failure the slot is
         released and an ApiError raised."""
         backend = ticket.backend
         url = f"{backend.url}/{path.lstrip('/')}" + (f"?{query}" if query else "")
         try:
-            return self.session.request(
+            return call_watching_client(lambda: self.session.request(
                 method, url, data=body, headers=forward_headers(headers), stream=True,
-                timeout=(self.settings.connect_timeout, None), allow_redirects=False)
+                timeout=(self.settings.connect_timeout, None), allow_redirects=False), environ)
+        except ClientGone:
+            self.scheduler.release(ticket, ok=False)
+            self.metrics.requests.inc(model=ticket.model, status="499")
+            raise ApiError("client disconnected before the answer", 499,
+                           code="client_closed") from None
         except requests.RequestException as e:
             self.scheduler.release(ticket, ok=False)
             self.metrics.requests.inc(model=ticket.model, status="502")
@@ -69,5 +78,5 @@ class Forwarder:
         return relay(upstream, body=iter_upstream(upstream, on_close, on_break))
 
     def forward(self, ticket: Ticket, method: str, path: str, query: str, headers,
-                body: bytes | None):
-        return self.stream(ticket, self.open(ticket, method, path, query, headers, body))
+                body: bytes | None, environ: dict):
+        return self.stream(ticket, self.open(ticket, method, path, query, headers, body, environ))

@@ -34,8 +34,9 @@ class ServiceProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"{self.name}-", suffix=".log",
                                                delete=False)
+        # Its own process group: kill(kill=True) takes the workers down with it.
         self.proc = subprocess.Popen(self.command(), cwd=REPO, env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_http(self.url + self.health_path, self.ready_timeout, proc=self.proc)
         except Exception:
@@ -50,13 +51,14 @@ class ServiceProcess:
         if self.proc is None or self.proc.poll() is not None:
             return
         if kill:
-            self.proc.kill()
+            # Like a crashed container: master and workers die at once, no clean-up.
+            os.killpg(self.proc.pid, signal.SIGKILL)
         else:
             self.proc.send_signal(self.stop_signal)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
     def __enter__(self):

@@ -63,3 +63,17 @@ class ScriptedServer:
 
     def __exit__(self, *exc):
         self._server.__exit__(*exc)
+
+
+def post_and_abandon(url: str, path: str, body: dict, after: float = 1.5) -> None:
+    """POST a JSON body, then hang up before the answer comes, like a client
+    that gives up. (A requests timeout would not do: the exception's traceback
+    keeps the response, and so the socket, open.)"""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    time.sleep(after)
+    conn.close()

@@ -10,6 +10,7 @@ import requests
 
 from tests.support.llama import LlamaServer
 from tests.support.proxyproc import ProxyProcess
+from tests.support.servers import post_and_abandon
 from tests.support.sseclient import read_stream
 
 MSG = [{"role": "user", "content": "Count from one to twenty in words."}]
@@ -90,6 +91,24 @@ def test_client_disconnect_stops_generation(llama, proxy):
         time.sleep(0.2)
     predicted = _metric(llama, "llamacpp:tokens_predicted_total") - before
     assert 3 <= predicted < max_tokens, \
+        f"{predicted} tokens generated: generation was not cut at the disconnect"
+
+
+def test_client_disconnect_stops_a_non_streaming_generation(llama, proxy):
+    """A non-streaming answer arrives whole at the end: while it is generated
+    the proxy watches the client, and closes the upstream when it leaves."""
+    max_tokens = 900                         # fits the slot's context: only a cut stops it early
+    before = _metric(llama, "llamacpp:tokens_predicted_total")
+    post_and_abandon(proxy.url, "/v1/chat/completions",
+                     {"messages": MSG, "max_tokens": max_tokens, "ignore_eos": True})
+    # Poll slowly: llama-server checks a non-streaming request's connection only
+    # after 1 s with no other result, and every /metrics answer restarts that wait.
+    deadline = time.monotonic() + 300
+    while _metric(llama, "llamacpp:requests_processing") > 0:
+        assert time.monotonic() < deadline, "llama-server still generating"
+        time.sleep(2.5)
+    predicted = _metric(llama, "llamacpp:tokens_predicted_total") - before
+    assert predicted < max_tokens, \
         f"{predicted} tokens generated: generation was not cut at the disconnect"
 
 

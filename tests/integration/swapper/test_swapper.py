@@ -11,6 +11,7 @@ import docker
 import pytest
 import requests
 
+from tests.support.servers import post_and_abandon
 from tests.support.swapperproc import SwapperProcess, stack_containers
 
 
@@ -36,13 +37,13 @@ def metric(sw, name, **labels):
     return total
 
 
-def wait_for(predicate, deadline=60, what="condition"):
+def wait_for(predicate, deadline=60, what="condition", interval=0.2):
     end = time.monotonic() + deadline
     while time.monotonic() < end:
         value = predicate()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(interval)
     raise AssertionError(f"{what} not reached within {deadline} s")
 
 
@@ -214,6 +215,27 @@ def test_client_disconnect_stops_generation(swapper):
         return all(not s.get("is_processing") for s in slots)
     wait_for(idle, 30, "backend slot idle after client disconnect")
     assert running(swapper)["in_flight"] == 0
+
+
+def test_client_disconnect_stops_a_non_streaming_generation(swapper):
+    """The answer of a non-streaming request comes whole at the end; a client
+    that leaves before closes the backend request all the same."""
+    assert requests.post(swapper.url + "/load/b", timeout=180).status_code == 200  # one slot
+    max_tokens = 900                # fits tiny-b's 1024-token context: only a cut ends it early
+    def backend_metric(name):
+        text = requests.get(swapper.backend_url + "/metrics", timeout=5).text
+        return float(next(l.split()[1] for l in text.splitlines() if l.startswith(name + " ")))
+    before = backend_metric("llamacpp:tokens_predicted_total")
+    post_and_abandon(swapper.url, "/v1/chat/completions", {
+        "model": "b", "max_tokens": max_tokens, "ignore_eos": True,
+        "messages": [{"role": "user", "content": "Say hello."}]})
+    # Poll slowly: llama-server checks a non-streaming request's connection only
+    # after 1 s with no other result, and every /metrics answer restarts that wait.
+    wait_for(lambda: backend_metric("llamacpp:requests_processing") == 0, 120,
+             "backend idle after the client left", interval=2.5)
+    predicted = backend_metric("llamacpp:tokens_predicted_total") - before
+    assert 0 < predicted < max_tokens, f"{predicted} tokens generated: not cut at the disconnect"
+    wait_for(lambda: running(swapper)["in_flight"] == 0, 10, "slot released")
 
 
 # ------------------------------------------------------------ queue policy

@@ -1,0 +1,93 @@
+"""Noticing a client that went away while we wait on an upstream.
+
+Under gunicorn's gevent worker the client socket is in the WSGI environ. A
+streaming response notices a disconnect on its next write; a request that waits
+(queued in the swapper, or for a non-streaming answer that arrives whole after
+minutes of generation) polls the socket instead, and gives up: the upstream
+connection is closed, so the backend stops generating.
+"""
+from __future__ import annotations
+
+import select
+import socket
+from typing import Callable, TypeVar
+
+import requests
+import urllib3
+from greenlet import getcurrent
+
+T = TypeVar("T")
+
+POLL = 1.0   # seconds between checks of the client socket
+
+
+class ClientGone(Exception):
+    """The client closed its connection while we waited."""
+
+
+def client_gone(environ: dict) -> bool:
+    """True when the client closed its connection (gunicorn exposes the socket)."""
+    sock = environ.get("gunicorn.socket")
+    if sock is None:
+        return False
+    try:
+        # Not recv(MSG_DONTWAIT): gevent's socket waits on EAGAIN. A zero-timeout
+        # select says whether a read would return at once; EOF reads as b"".
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (ValueError, OSError):
+        return True
+
+
+# id(greenlet) -> the upstream connection it is waiting on for an answer
+_waiting: dict[int, urllib3.connection.HTTPConnection] = {}
+
+
+class _WatchedConnection(urllib3.connection.HTTPConnection):
+    """Remembers which greenlet waits on it, so a hang-up can cut it."""
+
+    def getresponse(self, *args, **kwargs):
+        key = id(getcurrent())
+        _waiting[key] = self
+        try:
+            return super().getresponse(*args, **kwargs)
+        finally:
+            _waiting.pop(key, None)
+
+
+class _WatchedPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _WatchedConnection
+
+
+def watch_connections(session: requests.Session) -> requests.Session:
+    """Make the session's plain-HTTP connections cuttable by call_watching_client."""
+    for adapter in session.adapters.values():
+        pm = adapter.poolmanager
+        pm.pool_classes_by_scheme = {**pm.pool_classes_by_scheme, "http": _WatchedPool}
+    return session
+
+
+def call_watching_client(fn: Callable[[], T], environ: dict, poll: float = POLL) -> T:
+    """Run fn() (blocking upstream I/O) in a greenlet and return its result; if
+    the client goes away first, shut its upstream connection down (so llama.cpp
+    and vLLM stop generating), kill it and raise ClientGone. Outside a gevent server (no client socket in the
+    environ) this simply calls fn(). Its session must be watch_connections()'d."""
+    if environ.get("gunicorn.socket") is None:
+        return fn()
+    import gevent
+    g = gevent.spawn(fn)
+    while not g.ready():
+        g.join(poll)
+        if not g.ready() and client_gone(environ):
+            # Hang up on the upstream first: shutdown() sends the FIN at once,
+            # whatever else still holds the socket (a half-read response does),
+            # so the backend sees the client leave and stops generating.
+            conn = _waiting.get(id(g))
+            if conn is not None and conn.sock is not None:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            g.kill(block=True)
+            raise ClientGone()
+    return g.get()
