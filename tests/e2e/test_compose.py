@@ -2,7 +2,6 @@
 against :11433, then `docker compose down` leaving nothing behind."""
 import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
 

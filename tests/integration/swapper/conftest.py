@@ -5,7 +5,7 @@ import docker
 import pytest
 import requests
 
-from tests.support.swapperproc import SwapperProcess, reap, stack_containers
+from tests.support.swapperproc import SwapperProcess, stack_containers
 
 
 @pytest.fixture(scope="session")
