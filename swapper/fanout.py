@@ -82,58 +82,49 @@ class FanOut:
     def run(self, ticket: Ticket, spec: ModelSpec, path: str, query: str, headers,
             payload: dict, n: int) -> Response:
         bodies = _bodies(payload, n)
-        width = max(1, min(n, spec.slots))
-        # Open every generation (headers only); the ticket is released by us.
-        opened: list[requests.Response | None] = [None] * n
-        failure: ApiError | None = None
+        url = self.fw.url(ticket, path, query)
 
         def open_one(i: int):
             try:
                 return self.fw.session.request(
-                    "POST", f"{ticket.backend.url}/{path}" + (f"?{query}" if query else ""),
-                    data=bodies[i], headers=_json_headers(headers), stream=True,
+                    "POST", url, data=bodies[i], headers=_json_headers(headers), stream=True,
                     timeout=(self.fw.settings.connect_timeout, None))
             except requests.RequestException as e:
                 return e
 
         stream = bool(payload.get("stream"))
-        # Non-streaming generations are read whole inside the pool, so the
-        # pool width bounds how many the backend works on at once.
-        with ThreadPoolExecutor(width) as pool:
+        # Streams are only opened here (headers); non-streaming generations are
+        # read whole inside the pool, so its width bounds how many the backend
+        # works on at once.
+        with ThreadPoolExecutor(max(1, min(n, spec.slots))) as pool:
             if stream:
                 results = list(pool.map(open_one, range(n)))
             else:
                 results = list(pool.map(lambda i: _read(open_one(i)), range(n)))
-        for i, r in enumerate(results):
-            if isinstance(r, Exception):
-                failure = failure or ApiError(
-                    f"model '{spec.id}': generation {i + 1} of {n} failed: {r}", 502,
-                    type_="upstream_error", code="backend_failed")
-            else:
-                opened[i] = r
-        if failure is None:
-            bad = next((r for r in opened if r is not None and r.status_code != 200), None)
-            if bad is not None:
-                for r in opened:
-                    if r is not None and r is not bad:
-                        r.close()
-                self.fw.scheduler.release(ticket, ok=bad.status_code < 500)
-                self.fw.metrics.requests.inc(model=spec.id, status=str(bad.status_code))
-                return _as_response(bad)
-        if failure is not None:
-            for r in opened:
-                if r is not None:
+
+        # One failed generation fails the request: close the rest, free the slot.
+        error = next((i for i, r in enumerate(results) if isinstance(r, Exception)), None)
+        bad = None if error is not None else \
+            next((r for r in results if r.status_code != 200), None)
+        if error is not None or bad is not None:
+            for r in results:
+                if not isinstance(r, Exception) and r is not bad:
                     r.close()
-            self.fw.scheduler.release(ticket, ok=False)
-            self.fw.metrics.requests.inc(model=spec.id, status="502")
+            status = bad.status_code if bad is not None else 502
+            self.fw.scheduler.release(ticket, ok=status < 500)
+            self.fw.metrics.requests.inc(model=spec.id, status=str(status))
+            if bad is not None:
+                return _as_response(bad)
             self.fw.driver.check(ticket.backend)
-            raise failure
+            raise ApiError(f"model '{spec.id}': generation {error + 1} of {n} failed: "
+                           f"{results[error]}", 502, type_="upstream_error",
+                           code="backend_failed")
         if not stream:
             self.fw.scheduler.release(ticket, ok=True)
             self.fw.metrics.requests.inc(model=spec.id, status="200")
-            return Response(json.dumps(_merge([r.json() for r in opened])),
+            return Response(json.dumps(_merge([r.json() for r in results])),
                             mimetype="application/json")
-        return Response(self._merge_streams(ticket, spec, opened),
+        return Response(self._merge_streams(ticket, spec, results),
                         mimetype="text/event-stream", headers=NO_BUFFERING,
                         direct_passthrough=True)
 

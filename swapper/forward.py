@@ -30,6 +30,11 @@ class Forwarder:
         self.session.mount("http://", adapter)
         watch_connections(self.session)
 
+    @staticmethod
+    def url(ticket: Ticket, path: str, query: str) -> str:
+        """Where a request for `path` goes on the ticket's backend."""
+        return f"{ticket.backend.url}/{path.lstrip('/')}" + (f"?{query}" if query else "")
+
     def open(self, ticket: Ticket, method: str, path: str, query: str, headers,
              body: bytes | None, environ: dict) -> requests.Response:
         """Send the request upstream and wait for its headers (for a non-streaming
@@ -37,7 +42,7 @@ class Forwarder:
         upstream connection, so the backend stops. On failure the slot is
         released and an ApiError raised."""
         backend = ticket.backend
-        url = f"{backend.url}/{path.lstrip('/')}" + (f"?{query}" if query else "")
+        url = self.url(ticket, path, query)
         try:
             return call_watching_client(lambda: self.session.request(
                 method, url, data=body, headers=forward_headers(headers), stream=True,
