@@ -44,26 +44,48 @@ _waiting: dict[int, urllib3.connection.HTTPConnection] = {}
 
 
 class _WatchedConnection(urllib3.connection.HTTPConnection):
-    """Remembers which greenlet waits on it, so a hang-up can cut it."""
+    """Remembers which greenlet waits on it, so a hang-up can cut it; and
+    whether it carried a streamed answer, after which it is not used again."""
+
+    spent = False
 
     def getresponse(self, *args, **kwargs):
         key = id(getcurrent())
         _waiting[key] = self
         try:
-            return super().getresponse(*args, **kwargs)
+            resp = super().getresponse(*args, **kwargs)
         finally:
             _waiting.pop(key, None)
+        # llama-server closes the connection right after a streamed answer
+        # although it advertises keep-alive: reused at once, it fails with
+        # RemoteDisconnected. Such a connection goes back to no one.
+        self.spent = resp.headers.get("content-type", "").startswith("text/event-stream")
+        return resp
 
 
 class _WatchedPool(urllib3.HTTPConnectionPool):
     ConnectionCls = _WatchedConnection
 
 
-def watch_connections(session: requests.Session) -> requests.Session:
-    """Make the session's plain-HTTP connections cuttable by call_watching_client."""
+class _StreamSpendingPool(_WatchedPool):
+    """Never reuses a connection that carried a streamed answer."""
+
+    def _put_conn(self, conn) -> None:
+        if conn is not None and conn.spent:
+            conn.close()
+            conn = None               # the pool opens a new one when needed
+        super()._put_conn(conn)
+
+
+def watch_connections(session: requests.Session,
+                      fresh_after_stream: bool = False) -> requests.Session:
+    """Make the session's plain-HTTP connections cuttable by call_watching_client.
+    With `fresh_after_stream`, a connection that carried a streamed (SSE)
+    answer is closed instead of reused (for llama-server, see above)."""
+    pool = _StreamSpendingPool if fresh_after_stream else _WatchedPool
     for adapter in session.adapters.values():
         pm = adapter.poolmanager
-        pm.pool_classes_by_scheme = {**pm.pool_classes_by_scheme, "http": _WatchedPool}
+        pm.pool_classes_by_scheme = {**pm.pool_classes_by_scheme, "http": pool}
     return session
 
 

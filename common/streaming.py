@@ -68,4 +68,7 @@ def relay(upstream: requests.Response, body: Iterable[bytes] | None = None,
         headers=headers,
         direct_passthrough=True,
     )
+    # A body never read (HEAD, a client gone before the first byte) is never
+    # iterated, so its own clean-up never runs: the response's close() does it.
+    resp.call_on_close(upstream.close)
     return resp

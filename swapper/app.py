@@ -12,13 +12,13 @@ from flask import Flask, Response, jsonify, request, stream_with_context
 from common.errors import ApiError, install_error_handlers
 from common.metrics import CONTENT_TYPE
 
-from .admission import slot, wait_admitted
 from .driver import Driver
 from .fanout import FANOUT_PATHS, FanOut, requested_n, serves_natively
 from .forward import Forwarder
+from .lease import Admission
 from .metrics import SwapperMetrics
 from .registry import ModelSpec, Registry
-from .runtime import DockerRuntime
+from .runtime import DockerRuntime, Runtime
 from .scheduler import Scheduler
 from .settings import Settings
 
@@ -26,37 +26,39 @@ log = logging.getLogger("swapper")
 
 
 @dataclass
-class Swapper:
-    """Everything one swapper process owns."""
+class Parts:
+    """The parts of one swapper process, wired together."""
     settings: Settings
     registry: Registry
     scheduler: Scheduler
-    runtime: DockerRuntime
+    runtime: Runtime
     driver: Driver
+    admission: Admission
     forwarder: Forwarder
     fanout: FanOut
     metrics: SwapperMetrics
 
 
-def build(settings: Settings) -> Swapper:
+def build(settings: Settings, runtime: Runtime | None = None) -> Parts:
     registry = Registry.load(settings.backends_dir, settings.env, settings.default_model)
     scheduler = Scheduler(lambda m: registry.models[m].slots, max_queue=settings.max_queue,
                           backoff_base=settings.backoff_base, backoff_max=settings.backoff_max)
-    runtime = DockerRuntime(settings, registry)
+    runtime = runtime or DockerRuntime(settings, registry)
     metrics = SwapperMetrics(scheduler.snapshot)
     driver = Driver(scheduler, runtime, registry, settings, metrics)
-    forwarder = Forwarder(scheduler, driver, settings, metrics)
-    return Swapper(settings, registry, scheduler, runtime, driver, forwarder, FanOut(forwarder),
-                   metrics)
+    admission = Admission(scheduler, driver, metrics)
+    forwarder = Forwarder(admission, settings)
+    return Parts(settings, registry, scheduler, runtime, driver, admission, forwarder,
+                 FanOut(forwarder), metrics)
 
 
-def create_app(settings: Settings | None = None) -> Flask:
+def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> Flask:
     settings = settings or Settings.from_env()
-    sw = build(settings)
+    sw = build(settings, runtime)
     sw.driver.start()
 
     app = Flask("swapper")
-    app.extensions["swapper"] = sw
+    app.extensions["swapper"] = sw          # the parts, for tests and debugging
     install_error_handlers(app)
 
     def resolve(name: str | None) -> ModelSpec:
@@ -74,7 +76,8 @@ def create_app(settings: Settings | None = None) -> Flask:
         snap = sw.scheduler.snapshot()
         docker_ok = sw.runtime.ping()
         body = {"status": "ok" if docker_ok else "degraded", "docker": docker_ok,
-                "model": snap["model"], "state": snap["state"]}
+                "model": snap["model"], "state": snap["state"],
+                "queued": snap["queued"], "in_flight": snap["in_flight"]}
         if not docker_ok:
             body["message"] = "the Docker engine is unreachable (is /var/run/docker.sock mounted?)"
         return jsonify(body), 200 if docker_ok else 503
@@ -82,7 +85,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     @app.get("/running")
     def running():
         snap = sw.scheduler.snapshot()
-        backend = sw.driver.backend
+        backend = snap.pop("backend")
         spec = sw.registry.models.get(snap["model"]) if snap["model"] else None
         snap["since_seconds"] = round(time.monotonic() - snap.pop("since"), 3)
         snap["backend"] = {"container": backend.name, "url": backend.url} if backend else None
@@ -112,15 +115,14 @@ def create_app(settings: Settings | None = None) -> Flask:
             name = (request.get_json(silent=True) or {}).get("model")
         spec = resolve(name)
         t0 = time.monotonic()
-        with slot(sw.scheduler, spec.id, request.environ, sw.metrics):
-            pass
+        sw.admission.admit(spec.id, request.environ).finish(200)
         return jsonify({"loaded": spec.id, "running": sw.scheduler.model,
                         "seconds": round(time.monotonic() - t0, 3)})
 
     @app.route("/unload", methods=["GET", "POST"])
     def unload():
         previous = sw.scheduler.model
-        wait_admitted(sw.scheduler, None, request.environ, sw.metrics)
+        sw.admission.unload(request.environ)
         return jsonify({"unloaded": True, "previous": previous})
 
     # ------------------------------------------------------------------ logs
@@ -167,16 +169,14 @@ def create_app(settings: Settings | None = None) -> Flask:
                 payload["model"] = spec.id
                 body = json.dumps(payload).encode()
             if n > 1 and not serves_natively(spec, n):
-                ticket = wait_admitted(sw.scheduler, spec.id, request.environ, sw.metrics)
-                return sw.fanout.run(ticket, spec, f"v1/{path}", request.query_string.decode(),
-                                     request.headers, payload, n)
+                return sw.fanout.run(spec, f"v1/{path}", request.query_string.decode(),
+                                     request.headers, payload, n, request.environ)
         else:
             spec = resolve(None)
         return pass_through(spec, f"v1/{path}", body)
 
     def pass_through(spec: ModelSpec, path: str, body: bytes):
-        ticket = wait_admitted(sw.scheduler, spec.id, request.environ, sw.metrics)
-        return sw.forwarder.forward(ticket, request.method, path,
+        return sw.forwarder.forward(spec.id, request.method, path,
                                     request.query_string.decode(), request.headers, body or None,
                                     request.environ)
 

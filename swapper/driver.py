@@ -1,10 +1,14 @@
-"""The one worker that performs the scheduler's decisions against Docker.
+"""The one worker that performs the scheduler's decisions through the Runtime.
 
 Runs in a single background thread (a greenlet under gunicorn's gevent
 worker). Because actions run one at a time here, a stop always completes (the
-container is gone) before the next load starts. Between actions it watches the
-resident backend: a container that exited is reported as a crash, and an idle
-model past its TTL is unloaded.
+container is gone) before the next load starts. Every action it takes is
+reported back to the scheduler whatever happens (a load that raises, an engine
+that vanishes), so the scheduler never waits on a report that will not come.
+
+Between actions it watches the resident backend: a container that exited is
+reported as a crash, and an idle model past its TTL is unloaded. The resident
+backend is the scheduler's (`scheduler.backend`); the driver keeps no copy.
 """
 from __future__ import annotations
 
@@ -12,93 +16,104 @@ import logging
 import threading
 import time
 
+from .metrics import SwapperMetrics
 from .registry import Registry
-from .runtime import Backend, BackendError, DockerRuntime
+from .runtime import Backend, BackendError, DockerUnavailable, Runtime
 from .scheduler import Action, LoadFailed, READY, Scheduler
 from .settings import Settings
-from .metrics import SwapperMetrics
 
 log = logging.getLogger("swapper.driver")
 
+# After a request could not reach its backend: how long Docker may still
+# report a killed container as running (it does, for a few milliseconds).
+CONFIRM_DEAD_SECONDS = 0.5
+
 
 class Driver:
-    def __init__(self, scheduler: Scheduler, runtime: DockerRuntime, registry: Registry,
-                 settings: Settings, metrics: SwapperMetrics):
+    def __init__(self, scheduler: Scheduler, runtime: Runtime, registry: Registry,
+                 settings: Settings, metrics: SwapperMetrics,
+                 sleep=time.sleep, clock=time.monotonic):
         self.scheduler = scheduler
         self.runtime = runtime
         self.registry = registry
         self.settings = settings
         self.metrics = metrics
-        self.backend: Backend | None = None     # the container this driver started
         self.last_load_seconds: float | None = None
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.adopted = False          # containers of an earlier run looked at
+        self._sleep = sleep
+        self._clock = clock
 
     def start(self) -> None:
-        adopted = None
-        try:
-            adopted = self.runtime.adopt()
-        except Exception as e:       # Docker down at start: run degraded, retry on use
-            log.warning("could not look for containers of an earlier run: %s", e)
-        if adopted is not None:
-            self.backend = adopted
-            self.scheduler.adopt(adopted.model, adopted)
-        self._thread = threading.Thread(target=self.run, name="swapper-driver", daemon=True)
-        self._thread.start()
-
-    def shutdown(self, remove_backend: bool = True) -> None:
-        self._stopping.set()
-        if remove_backend:
-            try:
-                self.runtime.remove_all()
-            except Exception as e:
-                log.warning("removing backends at shutdown: %s", e)
+        threading.Thread(target=self.run, name="swapper-driver", daemon=True).start()
 
     def run(self) -> None:
-        while not self._stopping.is_set():
-            action = self.scheduler.next_action(timeout=self.settings.watch_interval)
-            try:
-                if action is None:
-                    self._watch()
-                elif action.kind == "load":
-                    self._load(action)
-                elif action.kind == "stop":
-                    self._stop(action)
-            except Exception:
-                log.exception("driver error on %s", action)
+        while True:
+            self.step(self.settings.watch_interval)
+
+    def step(self, timeout: float | None) -> None:
+        """One turn: adopt if not done yet, then perform the next action or watch."""
+        if not self.adopted:
+            self._adopt()
+        action = self.scheduler.next_action(timeout=timeout)
+        try:
+            if action is None:
+                self._watch()
+            elif action.kind == "load":
+                self._load(action)
+            else:
+                self._stop(action)
+        except Exception:         # a bug here must not kill the only driver
+            log.exception("driver error on %s", action)
 
     # ----------------------------------------------------------------- actions
+    def _adopt(self) -> None:
+        """What an earlier run left: keep one healthy backend, remove the rest.
+        With the engine down this waits for it (the swapper serves degraded)."""
+        try:
+            adopted = self.runtime.adopt()
+        except DockerUnavailable as e:
+            log.warning("%s; looking again in %g s", e, self.settings.watch_interval)
+            return
+        self.adopted = True
+        if adopted is not None:
+            self.scheduler.adopt(adopted.model, adopted)
+
     def _load(self, action: Action) -> None:
         spec = self.registry.models[action.model]
-        if action.delay:
-            log.info("model %s keeps failing: waiting %.0f s before starting it again",
-                     spec.id, action.delay)
-            time.sleep(action.delay)
-        log.info("loading model %s (image %s)", spec.id, spec.image)
-        t0 = time.monotonic()
+        error: LoadFailed | None = None
+        backend: Backend | None = None
         try:
+            if action.delay:
+                log.info("model %s keeps failing: waiting %.0f s before starting it again",
+                         spec.id, action.delay)
+                self._sleep(action.delay)
+            log.info("loading model %s (image %s)", spec.id, spec.image)
+            t0 = self._clock()
             backend = self.runtime.start(spec)
+            self.last_load_seconds = self._clock() - t0
+            self.adopted = True        # start() removed whatever was there
+            self.metrics.loads.inc(model=spec.id, result="ok")
+            self.metrics.load_seconds.observe(self.last_load_seconds, model=spec.id)
         except BackendError as e:
             log.error("load failed: %s", e)
-            self.metrics.loads.inc(model=spec.id, result="failed")
-            self.scheduler.load_done(action.epoch, error=LoadFailed(str(e), e.status))
-            return
-        except Exception as e:
+            error = LoadFailed(str(e), e.kind)
+        except BaseException as e:     # a bug, or the greenlet killed: still report
             log.exception("load of %s failed unexpectedly", spec.id)
-            self.metrics.loads.inc(model=spec.id, result="failed")
-            self.runtime.remove_all()
-            self.scheduler.load_done(action.epoch, error=LoadFailed(
-                f"model '{spec.id}': could not start it: {type(e).__name__}: {e}"))
-            return
-        seconds = time.monotonic() - t0
-        self.last_load_seconds = seconds
-        self.backend = backend
-        self.metrics.loads.inc(model=spec.id, result="ok")
-        self.metrics.load_seconds.observe(seconds, model=spec.id)
-        self.scheduler.load_done(action.epoch, backend=backend)
+            error = LoadFailed(f"model '{spec.id}': could not start it: "
+                               f"{type(e).__name__}: {e}")
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            if error is not None:
+                self.metrics.loads.inc(model=spec.id, result="failed")
+            self.scheduler.load_done(action.epoch, backend=backend, error=error)
 
     def _stop(self, action: Action) -> None:
-        target = self.backend if self.backend and self.backend.model == action.model else action.model
+        """Stop and remove the model's container; retried until the engine
+        confirms (a stop that is not sure must never let the next model in)."""
+        backend = self.scheduler.backend
+        target = backend if backend is not None and backend.model == action.model \
+            else action.model
         log.info("stopping model %s", action.model)
         delay = 1.0
         while True:
@@ -106,36 +121,41 @@ class Driver:
                 self.runtime.stop(target)
                 break
             except Exception as e:
-                if self._stopping.is_set():
-                    return
-                log.error("could not stop model %s (retrying in %.0f s): %s", action.model, delay, e)
-                time.sleep(delay)
+                log.error("could not stop model %s (retrying in %.0f s): %s",
+                          action.model, delay, e)
+                self._sleep(delay)
                 delay = min(delay * 2, 30)
-        self.backend = None
         self.metrics.swaps.inc(model=action.model)
         self.scheduler.stop_done()
 
     # ------------------------------------------------------------------ watch
     def _watch(self) -> None:
-        snap_model = self.scheduler.model
-        if self.scheduler.phase != READY or snap_model is None:
+        snap = self.scheduler.snapshot()
+        if snap["state"] != READY or snap["backend"] is None:
             return
-        backend = self.backend
-        if backend is not None:
-            self.check(backend)
-        spec = self.registry.models.get(snap_model)
+        self.check(snap["backend"])
+        spec = self.registry.models.get(snap["model"])
         if spec is not None and spec.idle_ttl > 0:
             if self.scheduler.expire_idle(spec.idle_ttl):
                 log.info("model %s idle for %g s: unloading", spec.id, spec.idle_ttl)
 
-    def check(self, backend: Backend) -> bool:
-        """Is the backend's container still running? Reports a crash if not."""
-        try:
-            running, reason = self.runtime.state(backend)
-        except Exception as e:      # Docker unreachable: do not call it a crash
-            log.warning("cannot inspect backend %s: %s", backend.name, e)
-            return True
-        if not running and self.scheduler.crashed(backend.model, reason):
+    def check(self, backend: Backend, confirm: float = 0.0) -> bool:
+        """Is the backend's container still running? Reports a crash if not.
+        With `confirm` > 0 (a request just failed to reach it), a container
+        Docker still calls running is looked at again for that long, since a
+        killed one is reported running for a few milliseconds. An engine that
+        cannot say is not a crash."""
+        deadline = self._clock() + confirm
+        while True:
+            try:
+                running, reason = self.runtime.state(backend)
+            except DockerUnavailable as e:
+                log.warning("cannot inspect backend %s: %s", backend.name, e)
+                return True
+            if not running or self._clock() >= deadline:
+                break
+            self._sleep(0.05)
+        if not running and self.scheduler.crashed(backend, reason):
             log.error("model %s crashed: %s", backend.model, reason)
             self.metrics.crashes.inc(model=backend.model)
         return running

@@ -21,12 +21,13 @@ import requests
 from flask import Response
 
 from common.errors import ApiError, error_body
+from common.failures import classify, failure, reason, status_of
 from common.sse import DONE, emit, iter_events
 from common.streaming import NO_BUFFERING, forward_headers
 
-from .forward import Forwarder
+from .forward import Forwarder, relay
+from .lease import Lease
 from .registry import ModelSpec
-from .scheduler import Ticket
 
 FANOUT_PATHS = ("v1/chat/completions", "v1/completions")
 
@@ -76,81 +77,121 @@ def _bodies(payload: dict, n: int) -> list[bytes]:
 
 
 class FanOut:
+    """Runs the n member requests of one request, each on a lease of its own
+    (accounted against the model's slots like any other request), all queued
+    together so they share one epoch: no other model is swapped in between."""
+
     def __init__(self, forwarder: Forwarder):
         self.fw = forwarder
+        self.admission = forwarder.admission
 
-    def run(self, ticket: Ticket, spec: ModelSpec, path: str, query: str, headers,
-            payload: dict, n: int) -> Response:
+    def run(self, spec: ModelSpec, path: str, query: str, headers, payload: dict, n: int,
+            environ: dict) -> Response:
         bodies = _bodies(payload, n)
-        url = self.fw.url(ticket, path, query)
+        hdrs = _json_headers(headers)
+        leases = self.admission.admit_many(spec.id, n, environ)
 
-        def open_one(i: int):
+        def open_member(i: int) -> tuple[Lease, requests.Response]:
+            if i:
+                self.admission.wait(leases[i], environ)
+            leases[i], r = self.fw.open(spec.id, "POST", path, query, hdrs, bodies[i], environ,
+                                        lease=leases[i])
+            return leases[i], r
+
+        if payload.get("stream"):
+            return self._stream(spec, n, leases, open_member)
+
+        def whole(i: int):
             try:
-                return self.fw.session.request(
-                    "POST", url, data=bodies[i], headers=_json_headers(headers), stream=True,
-                    timeout=(self.fw.settings.connect_timeout, None))
-            except requests.RequestException as e:
+                lease, r = open_member(i)
+            except ApiError as e:
                 return e
+            try:
+                r.content
+            except requests.RequestException as e:
+                cause = classify(e)
+                lease.finish(status_of(cause), cause)
+                return failure(cause, f"model '{spec.id}': generation {i + 1} of {n} "
+                                      f"failed: {reason(e)}")
+            lease.finish(r.status_code)
+            return r
 
-        stream = bool(payload.get("stream"))
-        # Streams are only opened here (headers); non-streaming generations are
-        # read whole inside the pool, so its width bounds how many the backend
-        # works on at once.
-        with ThreadPoolExecutor(max(1, min(n, spec.slots))) as pool:
-            if stream:
-                results = list(pool.map(open_one, range(n)))
-            else:
-                results = list(pool.map(lambda i: _read(open_one(i)), range(n)))
+        # Each member waits for its own slot, so the model's slots bound how
+        # many the backend works on at once.
+        with ThreadPoolExecutor(n) as pool:
+            results = list(pool.map(whole, range(n)))
+        for r in results:
+            if isinstance(r, ApiError):
+                raise r
+        bad = next((r for r in results if r.status_code != 200), None)
+        if bad is not None:
+            return Response(bad.content, status=bad.status_code,
+                            mimetype=bad.headers.get("content-type", "application/json"))
+        return Response(json.dumps(_merge([r.json() for r in results])),
+                        mimetype="application/json")
 
-        # One failed generation fails the request: close the rest, free the slot.
-        error = next((i for i, r in enumerate(results) if isinstance(r, Exception)), None)
-        bad = None if error is not None else \
-            next((r for r in results if r.status_code != 200), None)
-        if error is not None or bad is not None:
-            for r in results:
-                if not isinstance(r, Exception) and r is not bad:
-                    r.close()
-            status = bad.status_code if bad is not None else 502
-            self.fw.scheduler.release(ticket, ok=status < 500)
-            self.fw.metrics.requests.inc(model=spec.id, status=str(status))
-            if bad is not None:
-                return _as_response(bad)
-            self.fw.driver.check(ticket.backend)
-            raise ApiError(f"model '{spec.id}': generation {error + 1} of {n} failed: "
-                           f"{results[error]}", 502, type_="upstream_error",
-                           code="backend_failed")
-        if not stream:
-            self.fw.scheduler.release(ticket, ok=True)
-            self.fw.metrics.requests.inc(model=spec.id, status="200")
-            return Response(json.dumps(_merge([r.json() for r in results])),
-                            mimetype="application/json")
-        return Response(self._merge_streams(ticket, spec, results),
+    def _stream(self, spec: ModelSpec, n: int, leases: list[Lease], open_member) -> Response:
+        # The first member answers (or fails) before the response starts, so
+        # a request that cannot be served gets its error status.
+        try:
+            first = open_member(0)
+        except BaseException:
+            self._cancel(leases[1:])
+            raise
+        if first[1].status_code != 200:
+            self._cancel(leases[1:])
+            return relay(*first)
+        return Response(self._merge_streams(spec, n, leases, first, open_member),
                         mimetype="text/event-stream", headers=NO_BUFFERING,
                         direct_passthrough=True)
 
-    def _merge_streams(self, ticket: Ticket, spec: ModelSpec, ups: list[requests.Response]):
+    def _merge_streams(self, spec: ModelSpec, n: int, leases: list[Lease], first,
+                       open_member):
         """Interleave n SSE streams as they arrive into one."""
         q: queue.Queue = queue.Queue()
         stop = threading.Event()
+        ups: dict[int, requests.Response] = {}
 
-        def reader(i: int, up: requests.Response):
+        def member(i: int):
+            lease = None
+            complete = False
             try:
+                lease, up = first if i == 0 else open_member(i)
+                ups[i] = up
+                if stop.is_set():
+                    return
+                if up.status_code != 200:
+                    q.put((i, RuntimeError(f"the backend answered {up.status_code}: "
+                                           f"{up.text[:300]}")))
+                    return
                 for ev in iter_events(up.iter_content(chunk_size=None)):
                     if stop.is_set():
                         return
                     if ev.data is not None:
                         q.put((i, ev.data))
+                complete = True
                 q.put((i, None))
-            except Exception as e:        # broken upstream: fail the whole request
+            except ApiError as e:
                 q.put((i, e))
+            except Exception as e:        # broken upstream: fail the whole request
+                if lease is not None and not stop.is_set():
+                    cause = classify(e)
+                    lease.finish(status_of(cause), cause)
+                q.put((i, e))
+            finally:
+                if i in ups:
+                    ups[i].close()
+                if lease is not None:
+                    if complete:
+                        lease.finish(200)
+                    else:
+                        lease.finish(status_of("client_gone"), "client_gone")
 
-        threads = [threading.Thread(target=reader, args=(i, up), daemon=True)
-                   for i, up in enumerate(ups)]
+        threads = [threading.Thread(target=member, args=(i,), daemon=True) for i in range(n)]
         for t in threads:
             t.start()
-        ok = False
         try:
-            open_ = len(ups)
+            open_ = n
             usage = None
             first_id = created = None
             while open_:
@@ -159,7 +200,7 @@ class FanOut:
                     open_ -= 1
                     continue
                 if isinstance(item, Exception):
-                    err = error_body(f"model '{spec.id}': generation {i + 1} of {len(ups)} "
+                    err = error_body(f"model '{spec.id}': generation {i + 1} of {n} "
                                      f"broke off: {item}", 502, type_="upstream_error",
                                      code="backend_failed")
                     yield emit(err)
@@ -188,37 +229,22 @@ class FanOut:
                 yield emit({"id": first_id, "object": "chat.completion.chunk", "created": created,
                             "model": spec.id, "choices": [], "usage": usage})
             yield DONE
-            ok = True
         finally:
             stop.set()
-            for up in ups:
+            self._cancel(leases)            # members still queued leave the queue
+            for up in list(ups.values()):
                 up.close()
-            self.fw.scheduler.release(ticket, ok=ok)
-            self.fw.metrics.requests.inc(model=spec.id, status="200" if ok else "502")
-            if not ok:
-                self.fw.driver.check(ticket.backend)
 
-
-def _read(r):
-    """Read a non-streaming response whole (inside the pool)."""
-    if isinstance(r, Exception):
-        return r
-    try:
-        r.content
-    except requests.RequestException as e:
-        return e
-    return r
+    def _cancel(self, leases: list[Lease]) -> None:
+        for lease in leases:
+            if lease.ticket.state == "waiting":
+                self.admission.scheduler.cancel(lease.ticket)
 
 
 def _json_headers(headers) -> dict:
     h = forward_headers(headers)
     h["Content-Type"] = "application/json"
     return h
-
-
-def _as_response(r: requests.Response) -> Response:
-    return Response(r.content, status=r.status_code,
-                    mimetype=r.headers.get("content-type", "application/json"))
 
 
 def _merge(bodies: list[dict]) -> dict:

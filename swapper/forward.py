@@ -1,87 +1,157 @@
-"""Forward an admitted request to the resident backend and stream the answer
-back without buffering. The slot is released when the body ends (or the client
-goes away, which closes the upstream connection so the backend stops)."""
+"""Forward a request to the resident backend and relay the answer back without
+buffering.
+
+A request that never reached the backend -- the connection was refused, or
+closed before any answer (llama-server closes a kept-alive connection after a
+streamed answer; a backend that just died) -- is sent once more: on a fresh
+connection when the backend still runs, or after the crash is handled (the
+request queues again, and the model is started again). Anything else that
+fails is answered with an error of its cause (common.failures).
+
+Every path ends the request's lease exactly once: `LeasedBody.close()` for a
+relayed answer (read to the end or not: HEAD never reads it), `open()` itself
+for a failure before the answer.
+"""
 from __future__ import annotations
 
-import json
+import logging
 
 import requests
+from flask import Response
 from requests.adapters import HTTPAdapter
 
 from common.disconnect import ClientGone, call_watching_client, watch_connections
-from common.errors import ApiError, error_body
-from common.streaming import forward_headers, iter_upstream, relay
+from common.errors import error_body
+from common.failures import classify, failure, not_reached, reason, status_of
+from common.sse import emit
+from common.streaming import NO_BUFFERING, forward_headers, iter_upstream
 
-from .driver import Driver
-from .metrics import SwapperMetrics
-from .scheduler import Scheduler, Ticket
+from .lease import Admission, Lease
 from .settings import Settings
+
+log = logging.getLogger("swapper.forward")
+
+
+def _session(pool: int) -> requests.Session:
+    s = requests.Session()
+    s.trust_env = False
+    s.mount("http://", HTTPAdapter(pool_connections=4, pool_maxsize=pool, max_retries=0))
+    return watch_connections(s, fresh_after_stream=True)
 
 
 class Forwarder:
-    def __init__(self, scheduler: Scheduler, driver: Driver, settings: Settings,
-                 metrics: SwapperMetrics):
-        self.scheduler = scheduler
-        self.driver = driver
+    def __init__(self, admission: Admission, settings: Settings):
+        self.admission = admission
         self.settings = settings
-        self.metrics = metrics
-        self.session = requests.Session()
-        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=128, max_retries=0)
-        self.session.mount("http://", adapter)
-        watch_connections(self.session)
+        self.session = _session(128)
 
     @staticmethod
-    def url(ticket: Ticket, path: str, query: str) -> str:
-        """Where a request for `path` goes on the ticket's backend."""
-        return f"{ticket.backend.url}/{path.lstrip('/')}" + (f"?{query}" if query else "")
+    def url(lease: Lease, path: str, query: str) -> str:
+        """Where a request for `path` goes on the lease's backend."""
+        return f"{lease.backend.url}/{path.lstrip('/')}" + (f"?{query}" if query else "")
 
-    def open(self, ticket: Ticket, method: str, path: str, query: str, headers,
-             body: bytes | None, environ: dict) -> requests.Response:
-        """Send the request upstream and wait for its headers (for a non-streaming
-        answer: until generation ends). A client that leaves meanwhile closes the
-        upstream connection, so the backend stops. On failure the slot is
-        released and an ApiError raised."""
-        backend = ticket.backend
-        url = self.url(ticket, path, query)
-        try:
-            return call_watching_client(lambda: self.session.request(
-                method, url, data=body, headers=forward_headers(headers), stream=True,
-                timeout=(self.settings.connect_timeout, None), allow_redirects=False), environ)
-        except ClientGone:
-            self.scheduler.release(ticket, ok=False)
-            self.metrics.requests.inc(model=ticket.model, status="499")
-            raise ApiError("client disconnected before the answer", 499,
-                           code="client_closed") from None
-        except requests.RequestException as e:
-            self.scheduler.release(ticket, ok=False)
-            self.metrics.requests.inc(model=ticket.model, status="502")
-            running = self.driver.check(backend)
-            msg = f"backend of model '{ticket.model}' did not answer at {url}: {e}"
-            if not running:
-                msg += (" (its container died; the next request starts it again)\n"
-                        + self.driver.runtime.logs(ticket.model))
-            raise ApiError(msg, 502, type_="upstream_error", code="backend_unreachable") from None
+    def forward(self, model: str, method: str, path: str, query: str, headers,
+                body: bytes | None, environ: dict) -> Response:
+        lease, upstream = self.open(model, method, path, query, headers, body, environ)
+        return relay(lease, upstream)
 
-    def stream(self, ticket: Ticket, upstream: requests.Response):
-        """A Flask response relaying `upstream`; releases the slot at the end."""
-        backend = ticket.backend
-        is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
+    def open(self, model: str, method: str, path: str, query: str, headers,
+             body: bytes | None, environ: dict, lease: Lease | None = None
+             ) -> tuple[Lease, requests.Response]:
+        """Admit (unless `lease` is given), send, and wait for the answer's
+        headers (for a non-streaming answer: until generation ends). A client
+        that leaves meanwhile closes the upstream connection, so the backend
+        stops. Returns the lease (still open) and the answer; raises ApiError
+        with the lease finished."""
+        fwd = forward_headers(headers)
+        for attempt in (1, 2):
+            if lease is None:
+                lease = self.admission.admit(model, environ)
+            url = self.url(lease, path, query)
+            fresh = attempt > 1
+            try:
+                return lease, call_watching_client(
+                    lambda: self._send(method, url, body, fwd, fresh), environ)
+            except ClientGone:
+                lease.finish(status_of("client_gone"), "client_gone")
+                raise failure("client_gone", "client disconnected before the answer") from None
+            except requests.RequestException as e:
+                cause = classify(e)
+                alive = lease.finish(status_of(cause), cause)
+                if attempt == 1 and not_reached(e):
+                    log.info("model %s: request did not reach the backend (%s; container %s): "
+                             "sending it again", model, reason(e),
+                             "running" if alive else "dead, restarting it")
+                    lease = None
+                    continue
+                msg = f"backend of model '{model}' did not answer at {url}: {reason(e)}"
+                if not alive:
+                    msg += (" (its container died; the next request starts it again)\n"
+                            + self.admission.driver.runtime.logs(model))
+                raise failure(cause, msg) from None
+        raise AssertionError("unreachable")
 
-        def on_close(complete: bool) -> None:
-            self.scheduler.release(ticket, ok=complete and upstream.status_code < 500)
-            self.metrics.requests.inc(model=ticket.model, status=str(upstream.status_code))
-            if not complete:
-                self.driver.check(backend)
+    def _send(self, method: str, url: str, body, headers: dict, fresh: bool) -> requests.Response:
+        timeout = (self.settings.connect_timeout, None)
+        if not fresh:
+            return self.session.request(method, url, data=body, headers=headers, stream=True,
+                                        timeout=timeout, allow_redirects=False)
+        # A new connection, closed after this answer: the pooled one may be stale.
+        s = _session(1)
+        headers = {**headers, "Connection": "close"}
+        r = s.request(method, url, data=body, headers=headers, stream=True, timeout=timeout,
+                      allow_redirects=False)
+        s.close()       # the answer keeps its own connection until it is read
+        return r
 
-        def on_break(exc: Exception) -> bytes:
-            running = self.driver.check(backend)
-            cause = "the backend container died" if not running else f"the backend broke off: {exc}"
-            err = error_body(f"model '{ticket.model}': {cause} mid-response", 502,
-                             type_="upstream_error", code="backend_failed")
-            return f"data: {json.dumps(err)}\n\n".encode() if is_sse else b""
 
-        return relay(upstream, body=iter_upstream(upstream, on_close, on_break))
+class LeasedBody:
+    """An upstream answer relayed chunk by chunk as it arrives. Its close()
+    (called by the WSGI server whether or not the body was read) closes the
+    upstream connection -- the backend stops generating for a client that left
+    -- and finishes the lease."""
 
-    def forward(self, ticket: Ticket, method: str, path: str, query: str, headers,
-                body: bytes | None, environ: dict):
-        return self.stream(ticket, self.open(ticket, method, path, query, headers, body, environ))
+    def __init__(self, lease: Lease, upstream: requests.Response):
+        self.lease = lease
+        self.upstream = upstream
+        self._started = False
+        self._chunks = iter_upstream(upstream, on_close=self._ended, on_break=self._broke)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> bytes:
+        self._started = True
+        return next(self._chunks)
+
+    def _ended(self, complete: bool) -> None:
+        if complete:
+            self.lease.finish(self.upstream.status_code)
+        else:                          # the client went away mid-body
+            self.lease.finish(status_of("client_gone"), "client_gone")
+
+    def _broke(self, exc: Exception) -> bytes:
+        cause = classify(exc)
+        if cause == "closed_early":
+            cause = "broke_off"
+        alive = self.lease.finish(status_of(cause), cause)
+        if not self.upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            return b""
+        what = "the backend container died" if not alive else \
+            f"the backend broke off: {reason(exc)}"
+        return emit(error_body(f"model '{self.lease.model}': {what} mid-response", 502,
+                               type_="upstream_error", code="backend_failed"))
+
+    def close(self) -> None:
+        self._chunks.close()
+        self.upstream.close()
+        if not self._started:          # HEAD, or a client gone before the body
+            self.lease.finish(self.upstream.status_code)
+
+
+def relay(lease: Lease, upstream: requests.Response) -> Response:
+    """A streaming Flask response mirroring the upstream status and headers."""
+    headers = forward_headers(upstream.headers)
+    headers.update(NO_BUFFERING)
+    return Response(LeasedBody(lease, upstream), status=upstream.status_code,
+                    headers=headers, direct_passthrough=True)

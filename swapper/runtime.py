@@ -3,16 +3,23 @@ its logs, adopt or reap what an earlier run left. The only module that talks to
 the Docker engine. Every container it creates carries the stack's labels; it
 never touches a container without them.
 
-Errors: every failure becomes a BackendError naming the model, the cause and
-(where a container existed) its last log lines.
+Errors: every failure to start becomes a BackendError naming the model, its
+cause (a key of common.failures.CAUSES: load_failed, load_timeout,
+docker_unreachable) and, where a container existed, its last log lines. An
+engine that does not answer raises DockerUnavailable from any method; the
+client is made on first use, so a swapper starts (degraded) without Docker.
+
+`Runtime` is the interface the driver acts through; DockerRuntime implements it
+on the Docker SDK, the unit tests' fake in memory.
 """
 from __future__ import annotations
 
 import logging
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Protocol
 
 import docker
 import docker.errors
@@ -31,14 +38,22 @@ LABEL_ROLE = "org.coding-stack.role"
 
 
 class BackendError(Exception):
-    """A backend could not be started or died. `status` is the HTTP status to answer."""
+    """A backend could not be started. `kind` is its cause in common.failures."""
 
-    def __init__(self, model: str, cause: str, logs: str = "", status: int = 502):
+    def __init__(self, model: str, cause: str, logs: str = "", kind: str = "load_failed"):
         msg = f"model '{model}': {cause}"
         if logs.strip():
             msg += "\n--- last log lines of the backend container ---\n" + logs.rstrip()
         super().__init__(msg)
-        self.model, self.cause, self.logs, self.status = model, cause, logs, status
+        self.model, self.cause, self.logs, self.kind = model, cause, logs, kind
+
+
+class DockerUnavailable(Exception):
+    """The Docker engine did not answer (socket missing, daemon down or restarting)."""
+
+    def __init__(self, detail: str):
+        super().__init__(f"the Docker engine is unreachable ({detail}); "
+                         "is /var/run/docker.sock mounted and dockerd running?")
 
 
 @dataclass(frozen=True)
@@ -67,13 +82,51 @@ def _docker_cause(model: ModelSpec, err: Exception, settings: Settings) -> str:
     return f"docker refused to start it: {text}"
 
 
+class Runtime(Protocol):
+    """What the driver needs from a container engine."""
+
+    def ping(self) -> bool: ...
+    def start(self, spec: ModelSpec) -> "Backend": ...
+    def stop(self, backend_or_model: "Backend | str") -> None: ...
+    def state(self, backend: "Backend") -> tuple[bool, str]: ...
+    def logs(self, model_id: str, tail: int | None = None) -> str: ...
+    def follow_logs(self, model_id: str, tail: int = 100) -> Iterator[bytes]: ...
+    def adopt(self) -> "Backend | None": ...
+    def remove_all(self) -> int: ...
+
+
+@contextmanager
+def _engine():
+    """Turn 'the engine does not answer' into DockerUnavailable; API errors
+    (the engine answered no) pass through."""
+    try:
+        yield
+    except DockerUnavailable:
+        raise
+    except (docker.errors.APIError, docker.errors.ImageNotFound, docker.errors.NotFound):
+        raise
+    except (docker.errors.DockerException, requests.exceptions.ConnectionError,
+            requests.exceptions.Timeout, FileNotFoundError, ConnectionError) as e:
+        raise DockerUnavailable(str(e)[:200]) from None
+
+
 class DockerRuntime:
     def __init__(self, settings: Settings, registry: Registry,
                  client: docker.DockerClient | None = None):
         self.settings = settings
         self.registry = registry
-        self.client = client or docker.from_env(timeout=60)
+        self._client = client
         self._http = requests.Session()
+        self._http.trust_env = False
+
+    @property
+    def client(self) -> docker.DockerClient:
+        """The engine's client, made on first use (and again after a failure to
+        make it: the engine may come up after the swapper)."""
+        if self._client is None:
+            with _engine():
+                self._client = docker.from_env(timeout=60)
+        return self._client
 
     # ----------------------------------------------------------------- naming
     @property
@@ -91,21 +144,24 @@ class DockerRuntime:
     # ---------------------------------------------------------------- inspect
     def ping(self) -> bool:
         try:
-            return bool(self.client.ping())
+            with _engine():
+                return bool(self.client.ping())
         except Exception:
             return False
 
     def containers(self) -> list:
         """This stack's backend containers, running or not."""
-        return self.client.containers.list(all=True, filters=self.labels_filter)
+        with _engine():
+            return self.client.containers.list(all=True, filters=self.labels_filter)
 
     def state(self, backend: Backend) -> tuple[bool, str]:
-        """(running, reason): whether the backend's container still runs."""
+        """(running, reason): whether the backend's container still runs.
+        Raises DockerUnavailable when the engine cannot say."""
         try:
-            c = self.client.containers.get(backend.container_id)
+            with _engine():
+                st = self.client.api.inspect_container(backend.container_id).get("State", {})
         except docker.errors.NotFound:
             return False, "its container is gone"
-        st = c.attrs.get("State", {})
         if st.get("Running"):
             return True, ""
         reason = f"its container exited with code {st.get('ExitCode')}"
@@ -123,7 +179,8 @@ class DockerRuntime:
         c = self._find(model_id)
         if c is None:
             return iter(())
-        return c.logs(stream=True, follow=True, tail=tail)
+        with _engine():
+            return c.logs(stream=True, follow=True, tail=tail)
 
     def _find(self, model_id: str):
         for c in self.containers():
@@ -134,17 +191,29 @@ class DockerRuntime:
     def _tail(self, container, tail: int | None = None) -> str:
         try:
             return container.logs(tail=tail or self.settings.log_tail).decode("utf-8", "replace")
-        except docker.errors.APIError:
+        except Exception:           # logs are a courtesy: never fail over them
             return ""
 
     # ------------------------------------------------------------------ start
     def start(self, spec: ModelSpec) -> Backend:
-        """Create and start the model's container; return once it is healthy."""
+        """Create and start the model's container; return once it is healthy.
+        Raises BackendError (DockerUnavailable becomes one of kind
+        docker_unreachable); whatever it created is removed on failure when the
+        engine answers, and by the next start's remove_all() otherwise."""
+        try:
+            return self._start(spec)
+        except DockerUnavailable as e:
+            raise BackendError(spec.id, f"could not start it: {e}",
+                               kind="docker_unreachable") from None
+
+    def _start(self, spec: ModelSpec) -> Backend:
         self.remove_all()               # never two: whatever of ours exists goes first
         self._ensure_image(spec)
         name = self.container_name(spec.id)
         try:
-            container = self.client.containers.run(detach=True, **self._create_args(spec, name))
+            with _engine():
+                container = self.client.containers.run(detach=True,
+                                                       **self._create_args(spec, name))
         except docker.errors.APIError as e:
             self._remove_quietly(name)
             raise BackendError(spec.id, _docker_cause(spec, e, self.settings)) from None
@@ -152,7 +221,10 @@ class DockerRuntime:
         try:
             self._wait_ready(spec, container, backend)
         except BaseException:
-            self._remove_quietly(container.id)
+            try:
+                self._remove_quietly(container.id)
+            except DockerUnavailable:
+                pass
             raise
         return backend
 
@@ -199,7 +271,8 @@ class DockerRuntime:
 
     def _ensure_image(self, spec: ModelSpec) -> None:
         try:
-            self.client.images.get(spec.image)
+            with _engine():
+                self.client.images.get(spec.image)
             return
         except docker.errors.ImageNotFound:
             pass
@@ -248,7 +321,7 @@ class DockerRuntime:
                 raise BackendError(
                     spec.id,
                     f"not healthy within its start timeout of {spec.start_timeout:g} s "
-                    f"({url} never answered 200)", self._tail(container), status=504)
+                    f"({url} never answered 200)", self._tail(container), kind="load_timeout")
             time.sleep(s.health_interval)
 
     # ------------------------------------------------------------------- stop
@@ -266,7 +339,8 @@ class DockerRuntime:
         spec = self.registry.models.get(model)
         t = timeout if timeout is not None else (spec.stop_timeout if spec else 10)
         try:
-            self.client.api.stop(target, timeout=int(max(t, 0)))
+            with _engine():
+                self.client.api.stop(target, timeout=int(max(t, 0)))
         except docker.errors.NotFound:
             return
         except docker.errors.APIError as e:
@@ -277,7 +351,8 @@ class DockerRuntime:
         """Remove a container; returns once it is gone (removal is synchronous in
         the engine, unless another removal of it was already under way)."""
         try:
-            self.client.api.remove_container(name_or_id, force=True)
+            with _engine():
+                self.client.api.remove_container(name_or_id, force=True)
             return
         except docker.errors.NotFound:
             return
@@ -286,7 +361,8 @@ class DockerRuntime:
                 log.warning("removing %s: %s", name_or_id, e)
         for _ in range(100):
             try:
-                self.client.api.inspect_container(name_or_id)
+                with _engine():
+                    self.client.api.inspect_container(name_or_id)
             except docker.errors.NotFound:
                 return
             time.sleep(0.1)

@@ -43,11 +43,13 @@ class QueueFull(SchedulerError):
 
 
 class LoadFailed(SchedulerError):
-    """The model could not be made ready; the message carries the cause and logs."""
+    """The model could not be made ready; the message carries the cause and logs.
+    `kind` is the cause in common.failures (load_failed, load_timeout,
+    docker_unreachable)."""
 
-    def __init__(self, message: str, status: int = 502):
+    def __init__(self, message: str, kind: str = "load_failed"):
         super().__init__(message)
-        self.status = status
+        self.kind = kind
 
 
 class Cancelled(SchedulerError):
@@ -103,17 +105,25 @@ class Scheduler:
     # ---------------------------------------------------------------- requests
     def submit(self, model: str | None) -> Ticket:
         """Queue a request for `model` (None = unload). Raises QueueFull."""
+        return self.submit_many(model, 1)[0]
+
+    def submit_many(self, model: str | None, count: int) -> list[Ticket]:
+        """Queue `count` requests for `model` at once, so they land in the same
+        epoch (the members of one fan-out). Raises QueueFull for all of them."""
         with self._cv:
-            if len(self._queue) >= self.max_queue:
+            if len(self._queue) + count > self.max_queue:
                 raise QueueFull(len(self._queue))
-            t = Ticket(next(self._seq), model)
-            if model is not None and model == self.model and (
-                    self.phase == LOADING
-                    or (self.phase == READY and not self._others_waiting())):
-                t.epoch = self.epoch
-            self._queue.append(t)
+            joins = model is not None and model == self.model and (
+                self.phase == LOADING or (self.phase == READY and not self._others_waiting()))
+            tickets = []
+            for _ in range(count):
+                t = Ticket(next(self._seq), model)
+                if joins:
+                    t.epoch = self.epoch
+                self._queue.append(t)
+                tickets.append(t)
             self._schedule()
-            return t
+            return tickets
 
     def wait(self, ticket: Ticket, timeout: float | None = None) -> bool:
         """Block until the ticket leaves the queue. True when it did; raises its
@@ -188,11 +198,13 @@ class Scheduler:
             self._finish_unloads()
             self._schedule()
 
-    def crashed(self, model: str, reason: str = "") -> bool:
-        """The resident backend died. Returns True when that changed the state."""
+    def crashed(self, backend: Any, reason: str = "") -> bool:
+        """`backend` died. Returns True when it was the resident one (and so the
+        state changed); a report about an earlier backend changes nothing."""
         with self._cv:
-            if self.phase != READY or self.model != model:
+            if self.phase != READY or self._backend is None or self._backend != backend:
                 return False
+            model = self.model
             self._failures[model] = self._failures.get(model, 0) + 1
             for t in self._queue:
                 if t.epoch == self.epoch:
@@ -212,6 +224,13 @@ class Scheduler:
             return False
 
     # ------------------------------------------------------------- inspection
+    @property
+    def backend(self) -> Any:
+        """The resident backend (the one owner of it): set when a load is done
+        or a backend adopted, cleared when it stops. None otherwise."""
+        with self._cv:
+            return self._backend
+
     def snapshot(self) -> dict:
         with self._cv:
             return {
@@ -223,6 +242,7 @@ class Scheduler:
                 "queued": len(self._queue),
                 "queued_by_model": _count(t.model or "(unload)" for t in self._queue),
                 "failures": dict(self._failures),
+                "backend": self._backend,
             }
 
     def subscribe(self, listener: Callable[[str, dict], None]) -> None:

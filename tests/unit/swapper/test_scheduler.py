@@ -191,7 +191,7 @@ def test_crash_reloads_with_backoff_and_success_resets_it():
     a1 = s.submit("a")
     step(s)
     a2 = s.submit("a")                      # waits for the slot
-    assert s.crashed("a", "exited with code 137")
+    assert s.crashed("backend-a", "exited with code 137")
     assert s.phase == STOPPING
     step(s)                                 # remove the dead container
     act = s.next_action(timeout=0)          # a2 triggers a reload...
@@ -202,12 +202,13 @@ def test_crash_reloads_with_backoff_and_success_resets_it():
     s.release(a2, ok=True)
     assert s.snapshot()["failures"] == {}
     # crash twice in a row: backoff doubles
-    s.crashed("a")
+    assert not s.crashed("backend-a")       # a report about an earlier backend: ignored
+    assert s.crashed("b2")
     step(s)
     s.submit("a")
     assert s.next_action(timeout=0).delay == 1.0
     s.load_done(s.epoch, backend="b3")
-    s.crashed("a")
+    s.crashed("b3")
     step(s)
     s.submit("a")
     assert s.next_action(timeout=0).delay == 2.0
@@ -217,7 +218,7 @@ def test_crash_of_a_model_not_resident_is_ignored():
     s = make()
     s.submit("a")
     step(s)
-    assert not s.crashed("b")
+    assert not s.crashed("backend-b")
     assert s.phase == READY
 
 

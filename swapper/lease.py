@@ -1,0 +1,119 @@
+"""Admission, and the one place an admitted request ends.
+
+`Admission.admit()` queues a request for a model and blocks until the
+scheduler admits it (noticing a client that goes away meanwhile); it returns a
+Lease on one of the model's slots. Whatever ends the request -- its answer
+relayed to the end, a body never read (HEAD), the client gone, the backend
+failing, one member of a fan-out -- ends it with `lease.finish(status, cause)`.
+Only the first call counts: the slot goes back to the scheduler, the request is
+counted, and a cause that may be the backend's makes the driver look at its
+container (a dead one is reported as a crash, so the next request restarts it).
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from common.disconnect import POLL, client_gone
+from common.failures import failure
+
+from .driver import CONFIRM_DEAD_SECONDS, Driver
+from .metrics import SwapperMetrics
+from .scheduler import Cancelled, LoadFailed, QueueFull, Scheduler, Ticket
+
+# Causes (common.failures) after which the backend's container is looked at.
+BACKEND_CAUSES = frozenset({"unreachable", "closed_early", "broke_off", "upstream_failed"})
+
+
+class Lease:
+    """One admitted request's slot on the resident backend."""
+
+    def __init__(self, admission: "Admission", ticket: Ticket):
+        self._admission = admission
+        self.ticket = ticket
+        self._lock = threading.Lock()
+        self.finished = False
+
+    @property
+    def model(self) -> str:
+        return self.ticket.model
+
+    @property
+    def backend(self):
+        return self.ticket.backend
+
+    def finish(self, status: int, cause: str | None = None) -> bool:
+        """End the request (idempotent). `cause` names a failure (a key of
+        common.failures.CAUSES). Returns whether the backend is believed to be
+        alive (looked at only for causes that may be the backend's)."""
+        with self._lock:
+            if self.finished:
+                return True
+            self.finished = True
+        a = self._admission
+        a.scheduler.release(self.ticket, ok=cause is None and status < 500)
+        a.metrics.requests.inc(model=self.model, status=str(status))
+        if cause in BACKEND_CAUSES and self.backend is not None:
+            return a.driver.check(self.backend, confirm=CONFIRM_DEAD_SECONDS)
+        return True
+
+
+class Admission:
+    def __init__(self, scheduler: Scheduler, driver: Driver, metrics: SwapperMetrics):
+        self.scheduler = scheduler
+        self.driver = driver
+        self.metrics = metrics
+
+    def admit(self, model: str, environ: dict) -> Lease:
+        """Queue for `model`, block until admitted. Raises ApiError."""
+        return self.admit_many(model, 1, environ)[0]
+
+    def admit_many(self, model: str, count: int, environ: dict) -> list[Lease]:
+        """Queue `count` requests for `model` in one go (a fan-out's members:
+        they join the same epoch, so no swap comes between them) and return
+        their leases once the first is admitted; wait on the others with
+        `wait()`. Raises ApiError."""
+        tickets = self._submit(model, count)
+        leases = [Lease(self, t) for t in tickets]
+        try:
+            self.wait(leases[0], environ)
+        except BaseException:
+            for lease in leases[1:]:
+                self.scheduler.cancel(lease.ticket)
+            raise
+        return leases
+
+    def wait(self, lease: Lease, environ: dict) -> None:
+        """Block until `lease`'s ticket is admitted. Raises ApiError; a client
+        that goes away meanwhile leaves the queue."""
+        self._wait(lease.ticket, environ)
+
+    def unload(self, environ: dict) -> None:
+        """Queue an unload behind what is waiting; return once it is done."""
+        self._wait(self._submit(None, 1)[0], environ)
+
+    def _submit(self, model: str | None, count: int) -> list[Ticket]:
+        try:
+            return self.scheduler.submit_many(model, count)
+        except QueueFull as e:
+            self.metrics.rejected.inc(reason="queue_full")
+            raise failure("queue_full", str(e),
+                          headers={"Retry-After": str(e.retry_after)}) from None
+
+    def _wait(self, ticket: Ticket, environ: dict) -> None:
+        t0 = time.monotonic()
+        try:
+            while not self.scheduler.wait(ticket, POLL):
+                if client_gone(environ):
+                    self.scheduler.cancel(ticket)
+                    raise failure("client_gone", "client disconnected while queued")
+        except LoadFailed as e:
+            raise failure(e.kind, str(e)) from None
+        except Cancelled as e:
+            raise failure("client_gone", str(e)) from None
+        except BaseException:
+            # The greenlet was killed (the fan-out gave up on this member).
+            self.scheduler.cancel(ticket)
+            raise
+        if ticket.model is not None:
+            self.metrics.queue_seconds.observe(time.monotonic() - t0, model=ticket.model)

@@ -1,0 +1,233 @@
+"""The swapper's request path on the fake runtime with real HTTP backends
+(scripted servers on loopback sockets): every admitted request ends its lease
+exactly once, whatever ends it (answer read, body never read, broken stream,
+failure before the answer, fan-out member); a request that never reached its
+backend is sent again, never failed."""
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from swapper.app import create_app
+from swapper.settings import Settings
+from tests.support.chat import Reply, ScriptedChat
+from tests.support.fake_runtime import FakeRuntime
+from tests.support.servers import free_port
+from tests.support.swapperproc import FIXTURE_BACKENDS
+
+ENV = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
+       "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
+       "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
+
+
+def settled(app, timeout=5.0) -> dict:
+    """The scheduler's snapshot once nothing is in flight (or the last one)."""
+    sched = app.extensions["swapper"].scheduler
+    end = time.monotonic() + timeout
+    while True:
+        snap = sched.snapshot()
+        if snap["in_flight"] == 0 and snap["queued"] == 0 or time.monotonic() > end:
+            return snap
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def chat():
+    with ScriptedChat() as c:
+        yield c
+
+
+def make_app(urls: dict, runtime: FakeRuntime | None = None):
+    runtime = runtime or FakeRuntime(urls)
+    settings = Settings(backends_dir=str(FIXTURE_BACKENDS), env=ENV, watch_interval=0.05,
+                        backoff_base=0.01)
+    app = create_app(settings, runtime=runtime)
+    return app, runtime
+
+
+def ask(client, model="tiny-b", stream=False, **extra):
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    body.update(extra)
+    return client.post("/v1/chat/completions", json=body, buffered=True)
+
+
+def test_answer_read_to_the_end_frees_the_slot(chat):
+    chat.script(Reply("one"), Reply("two"))
+    app, _ = make_app({"tiny-b": chat.url})
+    c = app.test_client()
+    assert ask(c).json["choices"][0]["message"]["content"] == "one"
+    r = ask(c, stream=True)
+    assert b"two"[:2] in r.data and r.data.endswith(b"data: [DONE]\n\n")
+    assert settled(app)["in_flight"] == 0
+
+
+def test_head_never_reads_the_body_and_still_frees_the_slot(chat):
+    """Issue 9.1: HEAD held a slot for good (the body, never read, released it)."""
+    app, _ = make_app({"tiny-a": chat.url})
+    c = app.test_client()
+    for _ in range(2):                           # the model's 2 slots
+        r = c.head("/upstream/tiny-a/anything", buffered=True)
+        assert r.status_code == 200
+    assert settled(app)["in_flight"] == 0
+    chat.script(Reply("after"))
+    assert ask(c, "tiny-a").json["choices"][0]["message"]["content"] == "after"
+
+
+def test_a_stream_that_breaks_ends_with_an_error_event_and_frees_the_slot(chat):
+    chat.script(Reply("a long answer", break_after=3), Reply("next"))
+    app, _ = make_app({"tiny-b": chat.url})
+    c = app.test_client()
+    r = ask(c, stream=True)
+    events = [json.loads(line[6:]) for line in r.data.split(b"\n\n")
+              if line.startswith(b"data: {")]
+    assert events[-1]["error"]["code"] == "backend_failed"
+    assert settled(app)["in_flight"] == 0
+    assert ask(c).status_code == 200
+
+
+def test_a_backend_error_status_is_relayed_and_frees_the_slot(chat):
+    chat.script(Reply(status=500, error="boom"), Reply("fine"))
+    app, _ = make_app({"tiny-b": chat.url})
+    c = app.test_client()
+    r = ask(c)
+    assert r.status_code == 500 and r.json["error"]["message"] == "boom"
+    assert settled(app)["in_flight"] == 0
+    assert ask(c).status_code == 200
+
+
+class DropFirst:
+    """A backend whose first connection is closed without an answer (what a
+    stale kept-alive connection looks like), then answers normally."""
+
+    def __init__(self, chat_url: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.target = int(chat_url.rsplit(":", 1)[1])
+        self.dropped = 0
+        self.sock = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if self.dropped == 0:
+                self.dropped += 1
+                conn.recv(65536)
+                conn.close()
+                continue
+            threading.Thread(target=self._pipe, args=(conn,), daemon=True).start()
+
+    def _pipe(self, conn):
+        up = socket.create_connection(("127.0.0.1", self.target))
+
+        def copy(a, b):
+            try:
+                while data := a.recv(65536):
+                    b.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for s in (a, b):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+        threading.Thread(target=copy, args=(up, conn), daemon=True).start()
+        copy(conn, up)
+
+
+def test_a_request_closed_before_any_answer_is_sent_again_on_a_fresh_connection(chat):
+    """Issue 9.2: llama-server closes a kept-alive connection after a stream;
+    the request that met it got 502. Never reached = sent again."""
+    chat.script(Reply("answered"))
+    drop = DropFirst(chat.url)
+    app, runtime = make_app({"tiny-b": drop.url})
+    r = ask(app.test_client())
+    assert r.status_code == 200, r.data
+    assert r.json["choices"][0]["message"]["content"] == "answered"
+    assert drop.dropped == 1
+    assert [c for c in runtime.calls if c[0] == "start"] == [("start", "tiny-b")]
+    assert settled(app)["in_flight"] == 0
+
+
+def test_first_request_after_a_crash_restarts_the_model_and_succeeds(chat):
+    """Issue 9.3: the first request after `docker kill` went to the dead
+    container and failed. Docker still calls it running for a while."""
+    first = ScriptedChat().__enter__()
+    first.script(Reply("first"))
+    app, runtime = make_app({"tiny-b": first.url})
+    c = app.test_client()
+    assert ask(c).status_code == 200
+    first.__exit__(None, None, None)                  # its port now refuses
+    runtime.kill("tiny-b", reported_running=2)
+    runtime.urls["tiny-b"] = chat.url                 # where the restarted one serves
+    chat.script(Reply("after the crash"))
+    r = ask(c)
+    assert r.status_code == 200, r.data
+    assert r.json["choices"][0]["message"]["content"] == "after the crash"
+    assert [x for x in runtime.calls if x[0] == "start"] == [("start", "tiny-b")] * 2
+    assert settled(app)["in_flight"] == 0
+
+
+def test_a_request_that_reached_the_backend_is_not_sent_twice(chat):
+    """A non-streamed request whose backend broke off mid-body is answered
+    with an error, not silently run again."""
+    chat.script(Reply("x" * 4000, break_after=2))
+    app, _ = make_app({"tiny-b": chat.url})
+    r = ask(app.test_client(), stream=True)
+    assert b"backend_failed" in r.data
+    assert len(chat.requests) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_fan_out_members_each_hold_a_slot_and_all_end(chat, stream):
+    """n=3 on a 1-slot model: three member requests, one at a time, merged."""
+    chat.script(Reply("red"), Reply("green"), Reply("blue"))
+    app, _ = make_app({"tiny-b": chat.url})
+    seen = []
+    parts = app.extensions["swapper"]
+    orig = parts.scheduler._admit
+
+    def spy(t):
+        orig(t)
+        seen.append(sum(1 for x in parts.scheduler._active if x.model == "tiny-b"))
+    parts.scheduler._admit = spy
+    r = ask(app.test_client(), n=3, stream=stream)
+    assert r.status_code == 200, r.data
+    if stream:
+        idx = {c["index"] for line in r.data.split(b"\n\n") if line.startswith(b"data: {")
+               for c in json.loads(line[6:])["choices"]}
+        assert idx == {0, 1, 2}
+    else:
+        assert sorted(c["index"] for c in r.json["choices"]) == [0, 1, 2]
+    assert len(chat.requests) == 3 and all("n" not in b for b in chat.requests)
+    assert max(seen) == 1                             # never over the model's slots
+    assert settled(app)["in_flight"] == 0
+
+
+def test_fan_out_member_failure_fails_the_request_and_frees_every_slot(chat):
+    chat.script(Reply("ok"), Reply(status=500, error="member broke"), Reply("ok"))
+    app, _ = make_app({"tiny-b": chat.url})
+    r = ask(app.test_client(), n=3)
+    assert r.status_code == 500
+    snap = settled(app)
+    assert snap["in_flight"] == 0 and snap["queued"] == 0
+
+
+def test_engine_down_when_a_load_is_needed_is_a_clear_503(chat):
+    app, runtime = make_app({"tiny-b": chat.url})
+    runtime.engine_up = False
+    r = ask(app.test_client())
+    assert r.status_code == 503
+    assert r.json["error"]["code"] == "docker_unavailable"
+    hz = app.test_client().get("/healthz")
+    assert hz.status_code == 503 and hz.json["status"] == "degraded"
+    runtime.engine_up = True
+    chat.script(Reply("back"))
+    r = ask(app.test_client())
+    assert r.status_code == 200, r.data

@@ -1,0 +1,64 @@
+"""What the Docker runtime asks the engine for, without an engine: the client
+is made on first use, so building the arguments needs none."""
+from types import SimpleNamespace
+
+import docker.types
+
+from swapper.registry import ModelSpec
+from swapper.runtime import LABEL_MODEL, LABEL_ROLE, LABEL_STACK, DockerRuntime
+from swapper.settings import Settings
+
+
+def spec(**kw) -> ModelSpec:
+    base = dict(id="m", kind="llamacpp", image="img:1", port=8080, health_path="/health",
+                start_timeout=60, slots=1, source="t", args=("-m", "/models/x.gguf"))
+    base.update(kw)
+    return ModelSpec(**base)
+
+
+def runtime(**settings) -> DockerRuntime:
+    s = Settings(stack_name="st", host_dir="/srv/stack", publish_port=18080,
+                 publish_bind="127.0.0.1", **settings)
+    return DockerRuntime(s, SimpleNamespace(models={}))
+
+
+def test_labels_ports_command_and_no_gpu():
+    args = runtime()._create_args(spec(), "st-backend-m")
+    assert args["labels"] == {LABEL_STACK: "st", LABEL_MODEL: "m", LABEL_ROLE: "backend"}
+    assert args["ports"] == {"8080/tcp": ("127.0.0.1", 18080)}
+    assert args["command"] == ["-m", "/models/x.gguf"]
+    assert args["name"] == "st-backend-m"
+    assert "device_requests" not in args and "network" not in args
+
+
+def test_gpu_ids_become_one_nvidia_device_request():
+    (req,) = runtime()._create_args(spec(gpus=("0", "1")), "n")["device_requests"]
+    assert isinstance(req, docker.types.DeviceRequest)
+    assert (req.driver, req.device_ids, req.capabilities) == ("nvidia", ["0", "1"], [["gpu"]])
+
+
+def test_all_gpus_is_count_minus_one():
+    (req,) = runtime()._create_args(spec(gpus=("all",)), "n")["device_requests"]
+    assert req.count == -1 and not req.device_ids
+
+
+def test_relative_volumes_resolve_against_host_dir_and_named_volumes_stay():
+    rt = runtime()
+    vols = rt._create_args(spec(volumes=("./models:/models:ro", "../x:/x", "hf-cache:/root/.cache",
+                                         "/abs:/abs")), "n")["volumes"]
+    assert vols == ["/srv/stack/models:/models:ro", "/srv/x:/x", "hf-cache:/root/.cache",
+                    "/abs:/abs"]
+
+
+def test_network_shm_ipc_and_healthcheck():
+    args = runtime(docker_network="stacknet")._create_args(
+        spec(shm_size="8g", ipc_mode="host", healthcheck=("CMD", "curl", "-f", "x")), "n")
+    assert args["network"] == "stacknet"
+    assert (args["shm_size"], args["ipc_mode"]) == ("8g", "host")
+    assert args["healthcheck"]["test"] == ["CMD", "curl", "-f", "x"]
+    assert args["healthcheck"]["start_period"] == 60 * 10**9
+
+
+def test_no_engine_needed_to_build_a_runtime():
+    rt = DockerRuntime(Settings(), SimpleNamespace(models={}))
+    assert rt._client is None
