@@ -70,6 +70,12 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
                            code="model_not_found")
         return spec
 
+    def refuse_head(what: str) -> None:
+        """A HEAD must not act (Flask answers HEAD on every GET route)."""
+        if request.method == "HEAD":
+            raise ApiError(f"{request.path} {what}: use POST (HEAD changes nothing)", 405,
+                           headers={"Allow": "GET, POST"})
+
     # ------------------------------------------------------------- status
     @app.get("/healthz")
     def healthz():
@@ -111,6 +117,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     @app.route("/load", methods=["GET", "POST"])
     @app.route("/load/<path:name>", methods=["GET", "POST"])
     def load(name: str | None = None):
+        refuse_head("loads a model")
         if name is None and request.is_json:
             name = (request.get_json(silent=True) or {}).get("model")
         spec = resolve(name)
@@ -121,6 +128,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
 
     @app.route("/unload", methods=["GET", "POST"])
     def unload():
+        refuse_head("unloads the model")
         previous = sw.scheduler.model
         sw.admission.unload(request.environ)
         return jsonify({"unloaded": True, "previous": previous})

@@ -20,6 +20,7 @@ class ServiceProcess:
     health_path = "/healthz"
     ready_timeout = 30.0
     stop_signal = signal.SIGTERM
+    ready_statuses = (200,)           # what the health URL answers once it serves
 
     def __init__(self, env: dict | None = None):
         self.port = free_port()
@@ -38,7 +39,8 @@ class ServiceProcess:
         self.proc = subprocess.Popen(self.command(), cwd=REPO, env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            wait_http(self.url + self.health_path, self.ready_timeout, proc=self.proc)
+            wait_http(self.url + self.health_path, self.ready_timeout, ok=self.ready_statuses,
+                      proc=self.proc)
         except Exception:
             self.stop()
             raise RuntimeError(f"{self.name} did not start:\n" + self.logs()[-4000:])
