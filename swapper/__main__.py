@@ -11,7 +11,7 @@ from .registry import Registry, RegistryError
 from .settings import Settings
 
 
-def check(settings: Settings) -> int:
+def check_registry(settings: Settings) -> int:
     try:
         registry = Registry.load(settings.backends_dir, settings.env, settings.default_model)
     except RegistryError as e:
@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"invalid configuration: {e}", file=sys.stderr)
         return 2
     if args.check:
-        return check(settings)
-    if check(settings) != 0:
+        return check_registry(settings)
+    if check_registry(settings) != 0:
         return 1
 
     from common.serve import serve

@@ -76,7 +76,7 @@ class Driver:
             return
         self.adopted = True
         if adopted is not None:
-            self.scheduler.adopt(adopted.model, adopted)
+            self.scheduler.found_resident(adopted.model, adopted)
 
     def _load(self, action: Action) -> None:
         spec = self.registry.models[action.model]
@@ -133,13 +133,13 @@ class Driver:
         snap = self.scheduler.snapshot()
         if snap["state"] != READY or snap["backend"] is None:
             return
-        self.check(snap["backend"])
+        self.alive(snap["backend"])
         spec = self.registry.models.get(snap["model"])
         if spec is not None and spec.idle_ttl > 0:
             if self.scheduler.expire_idle(spec.idle_ttl):
                 log.info("model %s idle for %g s: unloading", spec.id, spec.idle_ttl)
 
-    def check(self, backend: Backend, confirm: float = 0.0) -> bool:
+    def alive(self, backend: Backend, confirm: float = 0.0) -> bool:
         """Is the backend's container still running? Reports a crash if not.
         With `confirm` > 0 (a request just failed to reach it), a container
         Docker still calls running is looked at again for that long, since a

@@ -54,7 +54,7 @@ class Lease:
         a.scheduler.release(self.ticket, ok=cause is None and status < 500)
         a.metrics.requests.inc(model=self.model, status=str(status))
         if cause in BACKEND_CAUSES and self.backend is not None:
-            return a.driver.check(self.backend, confirm=CONFIRM_DEAD_SECONDS)
+            return a.driver.alive(self.backend, confirm=CONFIRM_DEAD_SECONDS)
         return True
 
 

@@ -269,7 +269,7 @@ class Scheduler:
                 if head.model == self.model:
                     # What waited behind a cancelled swap: a new epoch, no swap needed.
                     self.epoch += 1
-                    self._adopt_waiting(self.model)
+                    self._join_epoch(self.model)
                     self._schedule()
                 else:
                     self._start_stop()
@@ -279,7 +279,7 @@ class Scheduler:
                 model = self._queue[0].model
                 self.epoch += 1
                 self._set_phase(LOADING, model)
-                self._adopt_waiting(model)
+                self._join_epoch(model)
                 failures = self._failures.get(model, 0)
                 delay = 0.0 if not failures else min(
                     self.backoff_base * 2 ** (failures - 1), self.backoff_max)
@@ -294,7 +294,7 @@ class Scheduler:
         self.last_activity = self._clock()
         t.event.set()
 
-    def _adopt_waiting(self, model: str) -> None:
+    def _join_epoch(self, model: str) -> None:
         for t in self._queue:
             if t.model == model:
                 t.epoch = self.epoch
@@ -329,8 +329,9 @@ class Scheduler:
                 pass
 
     # ------------------------------------------------------------ adoption
-    def adopt(self, model: str, backend: Any) -> None:
-        """At start-up: a healthy backend left by an earlier run becomes resident."""
+    def found_resident(self, model: str, backend: Any) -> None:
+        """At start-up: a healthy backend left by an earlier run (adopted by the
+        driver) becomes resident."""
         with self._cv:
             if self.phase != IDLE:
                 return

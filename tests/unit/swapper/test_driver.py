@@ -124,7 +124,7 @@ def test_check_with_confirm_sees_through_docker_calling_a_killed_container_runni
     a = world.sched.submit("a")
     turn(world)
     world.runtime.kill("a", reported_running=3)
-    assert world.driver.check(a.backend, confirm=0.5) is False
+    assert world.driver.alive(a.backend, confirm=0.5) is False
     assert world.sched.phase == STOPPING
     assert world.clock.slept == [0.05] * 3
 
@@ -133,7 +133,7 @@ def test_check_without_confirm_trusts_docker(world):
     a = world.sched.submit("a")
     turn(world)
     world.runtime.kill("a", reported_running=1)
-    assert world.driver.check(a.backend) is True
+    assert world.driver.alive(a.backend) is True
     assert world.sched.phase == READY
 
 
@@ -141,7 +141,7 @@ def test_an_engine_that_cannot_say_is_not_a_crash(world):
     a = world.sched.submit("a")
     turn(world)
     world.runtime.engine_up = False
-    assert world.driver.check(a.backend, confirm=0.5) is True
+    assert world.driver.alive(a.backend, confirm=0.5) is True
     assert world.sched.phase == READY
 
 

@@ -239,7 +239,7 @@ def test_idle_ttl():
 
 def test_adopt_makes_model_ready_without_load():
     s = make()
-    s.adopt("a", "adopted")
+    s.found_resident("a", "adopted")
     t = s.submit("a")
     assert t.state == "admitted" and t.backend == "adopted"
     assert s.next_action(timeout=0) is None
