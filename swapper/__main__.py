@@ -56,8 +56,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"swapper exit: could not remove backends: {e}", file=sys.stderr)
 
     import logging
+    import os
+
+    from .privileges import drop_privileges
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("swapper").info(
+        drop_privileges(os.environ.get("SWAPPER_USER", ""), os.environ.get("DOCKER_HOST")))
     # Its only client is the proxy next door: a short keep-alive lets
     # `docker compose down` finish (and remove the backend) promptly.
     serve(factory, settings.host, settings.port, workers=1, name="coding-stack-swapper",

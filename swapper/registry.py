@@ -47,6 +47,7 @@ MODEL_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "max_tokens_floor": (int, False),
     "native_n": (bool, False),
     "healthcheck": (list, False),
+    "user": (str, False),
 }
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
@@ -82,6 +83,7 @@ class ModelSpec:
     max_tokens_floor: int | None = None
     native_n: bool | None = None
     healthcheck: tuple[str, ...] = ()
+    user: str | None = None          # uid[:gid] the container runs as (None: the image's)
 
     @property
     def uses_gpu(self) -> bool:
@@ -248,6 +250,7 @@ def _to_spec(model_id: str, raw: dict, where: str, kinds: dict, env: Mapping[str
         native_n=values.get("native_n"),
         healthcheck=tuple(str(a).format(port=port, id=model_id)
                           for a in values.get("healthcheck", [])),
+        user=values.get("user") or None,
     )
 
 

@@ -252,6 +252,8 @@ class DockerRuntime:
                 req = docker.types.DeviceRequest(driver="nvidia", device_ids=list(spec.gpus),
                                                  capabilities=[["gpu"]])
             args["device_requests"] = [req]
+        if spec.user:
+            args["user"] = spec.user
         if s.docker_network:
             args["network"] = s.docker_network
         if spec.shm_size:

@@ -209,3 +209,41 @@ def test_many_hangups_at_every_stage_leave_nothing_held(swapper):
     wait_for(lambda: running(swapper)["in_flight"] == 0 and running(swapper)["queued"] == 0,
              60, "every abandoned request ended")
     assert chat(swapper.url, "a", timeout=60).status_code == 200
+
+
+# ------------------------------------------------------------ 9.10 privileges
+
+def test_least_privilege_backends_run_as_nobody(swapper, docker_client):
+    """llama.cpp backends run as nobody (the kind's `user`), and still serve."""
+    assert chat(swapper.url, "b", timeout=180).status_code == 200
+    (c,) = stack_containers(docker_client, swapper.stack)
+    assert c.attrs["Config"]["User"] == "65534:65534"
+    top = c.top(ps_args="-o pid,uid,comm")
+    uid = top["Titles"].index("UID")
+    assert top["Processes"] and all(row[uid] == "65534" for row in top["Processes"]), top
+
+
+def test_least_privilege_swapper_drops_root_keeping_the_socket_group(tmp_path):
+    """In its image the swapper starts as root and drops to SWAPPER_USER with
+    the Docker socket's group (here: in a forked child, so the test runner
+    keeps its own rights)."""
+    import os
+    from swapper.privileges import drop_privileges
+    assert os.geteuid() == 0, "this check needs root (CI and the test bed run as root)"
+    sock = tmp_path / "docker.sock"
+    sock.touch()
+    os.chown(sock, 0, 4242)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                        # the child: drop, report, exit
+        try:
+            drop_privileges("nobody", f"unix://{sock}")
+            os.write(w, json.dumps([os.getuid(), os.geteuid(), os.getgid(),
+                                    sorted(os.getgroups())]).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = json.loads(os.read(r, 4096))
+    os.waitpid(pid, 0)
+    assert got[0] == got[1] == 65534
+    assert 4242 in got[3] and 0 not in got[3]
