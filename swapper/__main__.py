@@ -17,6 +17,11 @@ def check_registry(settings: Settings) -> int:
     except RegistryError as e:
         print(f"invalid registry: {e}", file=sys.stderr)
         return 1
+    for var, name in (("PRELOAD", settings.preload), ("IDLE_MODEL", settings.idle_model)):
+        if name and registry.resolve(name) is None:
+            print(f"invalid configuration: {var}={name!r} is not a model of the registry "
+                  f"({', '.join(m.id for m in registry)})", file=sys.stderr)
+            return 2
     print(f"registry {settings.backends_dir}: {len(registry)} model(s), default {registry.default}")
     for m in registry:
         where = f"GPU {','.join(m.gpus)}" if m.gpus else "CPU"
@@ -37,8 +42,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check:
         return check_registry(settings)
-    if check_registry(settings) != 0:
-        return 1
+    rc = check_registry(settings)
+    if rc:
+        return rc
+
+    import logging
+    import os
+
+    from .privileges import drop_privileges
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Before gunicorn is imported: its settings take the process's uid then.
+    logging.getLogger("swapper").info(
+        drop_privileges(os.environ.get("SWAPPER_USER", ""), os.environ.get("DOCKER_HOST")))
 
     from common.serve import serve
 
@@ -55,14 +71,6 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:
             print(f"swapper exit: could not remove backends: {e}", file=sys.stderr)
 
-    import logging
-    import os
-
-    from .privileges import drop_privileges
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("swapper").info(
-        drop_privileges(os.environ.get("SWAPPER_USER", ""), os.environ.get("DOCKER_HOST")))
     # Its only client is the proxy next door: a short keep-alive lets
     # `docker compose down` finish (and remove the backend) promptly.
     serve(factory, settings.host, settings.port, workers=1, name="coding-stack-swapper",

@@ -11,8 +11,10 @@ from flask import Flask, Response, jsonify, request, stream_with_context
 
 from common.errors import ApiError, install_error_handlers
 from common.metrics import CONTENT_TYPE
+from common.streaming import NO_BUFFERING
 
 from .driver import Driver
+from .events import EventHub
 from .fanout import FANOUT_PATHS, FanOut, requested_n, serves_natively
 from .forward import Forwarder
 from .lease import Admission
@@ -37,6 +39,7 @@ class Parts:
     forwarder: Forwarder
     fanout: FanOut
     metrics: SwapperMetrics
+    events: EventHub
 
 
 def build(settings: Settings, runtime: Runtime | None = None) -> Parts:
@@ -45,11 +48,13 @@ def build(settings: Settings, runtime: Runtime | None = None) -> Parts:
                           backoff_base=settings.backoff_base, backoff_max=settings.backoff_max)
     runtime = runtime or DockerRuntime(settings, registry)
     metrics = SwapperMetrics(scheduler.snapshot)
+    events = EventHub()
+    scheduler.subscribe(events.publish)
     driver = Driver(scheduler, runtime, registry, settings, metrics)
     admission = Admission(scheduler, driver, metrics)
     forwarder = Forwarder(admission, settings)
     return Parts(settings, registry, scheduler, runtime, driver, admission, forwarder,
-                 FanOut(forwarder), metrics)
+                 FanOut(forwarder), metrics, events)
 
 
 def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> Flask:
@@ -105,13 +110,49 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         return Response(sw.metrics.render(), mimetype=CONTENT_TYPE.split(";")[0],
                         content_type=CONTENT_TYPE)
 
+    def described(spec: ModelSpec) -> dict:
+        return {**spec.public(), "status": sw.scheduler.model_status(spec.id)}
+
     @app.get("/v1/models")
     def models():
-        return jsonify({"object": "list", "data": [m.public() for m in sw.registry]})
+        return jsonify({"object": "list", "data": [described(m) for m in sw.registry]})
 
     @app.get("/v1/models/<path:name>")
     def model(name: str):
-        return jsonify(resolve(name).public())
+        return jsonify(described(resolve(name)))
+
+    @app.get("/events")
+    def events():
+        snap = sw.scheduler.snapshot()
+        state = {"model": snap["model"], "state": snap["state"],
+                 "models": {m.id: sw.scheduler.model_status(m.id) for m in sw.registry}}
+        return Response(sw.events.stream(state, settings.keepalive_interval),
+                        mimetype="text/event-stream", headers=NO_BUFFERING)
+
+    # ------------------------------------------- llama.cpp router-compatible API
+    @app.get("/models")
+    def router_models():
+        return jsonify({"object": "list", "data": [described(m) for m in sw.registry]})
+
+    def router_model() -> ModelSpec:
+        payload = request.get_json(force=True, silent=True)
+        name = payload.get("model") if isinstance(payload, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ApiError('send {"model": "<id or alias>"}', 400, param="model")
+        return resolve(name)
+
+    @app.post("/models/load")
+    def router_load():
+        spec = router_model()
+        sw.admission.admit(spec.id, request.environ).finish(200)
+        return jsonify({"success": True, "model": spec.id})
+
+    @app.post("/models/unload")
+    def router_unload():
+        spec = router_model()
+        if sw.scheduler.model == spec.id:
+            sw.admission.unload(request.environ)
+        return jsonify({"success": True, "model": spec.id})
 
     # ----------------------------------------------------------- load/unload
     @app.route("/load", methods=["GET", "POST"])
@@ -162,12 +203,14 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     def v1(path: str):
         body = request.get_data(cache=False)
         name = None
+        stream = False
         if body and request.mimetype in ("application/json", "") and body.lstrip()[:1] == b"{":
             try:
                 payload = json.loads(body)
             except ValueError as e:
                 raise ApiError(f"request body is not valid JSON: {e}", 400) from None
             name = payload.get("model")
+            stream = payload.get("stream") is True
             if name is not None and not isinstance(name, str):
                 raise ApiError("'model' must be a string", 400)
             spec = resolve(name)
@@ -181,11 +224,11 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
                                      request.headers, payload, n, request.environ)
         else:
             spec = resolve(None)
-        return pass_through(spec, f"v1/{path}", body)
+        return pass_through(spec, f"v1/{path}", body, stream)
 
-    def pass_through(spec: ModelSpec, path: str, body: bytes):
+    def pass_through(spec: ModelSpec, path: str, body: bytes, stream: bool = False):
         return sw.forwarder.forward(spec.id, request.method, path,
                                     request.query_string.decode(), request.headers, body or None,
-                                    request.environ)
+                                    request.environ, stream)
 
     return app

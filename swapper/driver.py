@@ -19,7 +19,7 @@ import time
 from .metrics import SwapperMetrics
 from .registry import Registry
 from .runtime import Backend, BackendError, DockerUnavailable, Runtime
-from .scheduler import Action, LoadFailed, READY, Scheduler
+from .scheduler import Action, LoadFailed, READY, Scheduler, SchedulerError
 from .settings import Settings
 
 log = logging.getLogger("swapper.driver")
@@ -77,6 +77,26 @@ class Driver:
         self.adopted = True
         if adopted is not None:
             self.scheduler.found_resident(adopted.model, adopted)
+        preload = self._model_named(self.settings.preload)
+        if preload and (adopted is None or adopted.model != preload):
+            self.request_load(preload, "PRELOAD")
+
+    def _model_named(self, name: str | None) -> str | None:
+        spec = self.registry.resolve(name) if name else None
+        return spec.id if spec is not None else None
+
+    def request_load(self, model: str, why: str) -> None:
+        """Load `model` as if a request asked for it (queued like one, so it
+        never cuts in front of waiting clients), from a thread of its own."""
+        def run():
+            ticket = self.scheduler.submit(model)
+            try:
+                if self.scheduler.wait(ticket):
+                    self.scheduler.release(ticket)
+            except SchedulerError as e:
+                log.error("%s: could not load model %s: %s", why, model, e)
+        log.info("%s: loading model %s", why, model)
+        threading.Thread(target=run, name=f"load-{model}", daemon=True).start()
 
     def _load(self, action: Action) -> None:
         spec = self.registry.models[action.model]
@@ -89,7 +109,9 @@ class Driver:
                 self._sleep(action.delay)
             log.info("loading model %s (image %s)", spec.id, spec.image)
             t0 = self._clock()
-            backend = self.runtime.start(spec)
+            backend = self.runtime.start(spec, on_progress=lambda seconds, line:
+                                         self.scheduler.load_progress(action.epoch, seconds,
+                                                                      line))
             self.last_load_seconds = self._clock() - t0
             self.adopted = True        # start() removed whatever was there
             self.metrics.loads.inc(model=spec.id, result="ok")
@@ -135,9 +157,12 @@ class Driver:
             return
         self.alive(snap["backend"])
         spec = self.registry.models.get(snap["model"])
-        if spec is not None and spec.idle_ttl > 0:
+        resting = self._model_named(self.settings.idle_model)
+        if spec is not None and spec.idle_ttl > 0 and spec.id != resting:
             if self.scheduler.expire_idle(spec.idle_ttl):
                 log.info("model %s idle for %g s: unloading", spec.id, spec.idle_ttl)
+                if resting:
+                    self.request_load(resting, "IDLE_MODEL")
 
     def alive(self, backend: Backend, confirm: float = 0.0) -> bool:
         """Is the backend's container still running? Reports a crash if not.

@@ -136,10 +136,10 @@ class FanOut:
         try:
             first = open_member(0)
         except BaseException:
-            self._cancel(leases[1:])
+            self.admission.leave(leases[1:])
             raise
         if first[1].status_code != 200:
-            self._cancel(leases[1:])
+            self.admission.leave(leases[1:])
             return relay(*first)
         return Response(self._merge_streams(spec, n, leases, first, open_member),
                         mimetype="text/event-stream", headers=NO_BUFFERING,
@@ -231,14 +231,9 @@ class FanOut:
             yield DONE
         finally:
             stop.set()
-            self._cancel(leases)            # members still queued leave the queue
+            self.admission.leave(leases)    # members still queued leave the queue
             for up in list(ups.values()):
                 up.close()
-
-    def _cancel(self, leases: list[Lease]) -> None:
-        for lease in leases:
-            if lease.ticket.state == "waiting":
-                self.admission.scheduler.cancel(lease.ticket)
 
 
 def _json_headers(headers) -> dict:

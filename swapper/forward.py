@@ -21,12 +21,12 @@ from flask import Response
 from requests.adapters import HTTPAdapter
 
 from common.disconnect import ClientGone, call_watching_client, watch_connections
-from common.errors import error_body
+from common.errors import ApiError, error_body
 from common.failures import classify, failure, not_reached, reason, status_of
-from common.sse import emit
+from common.sse import comment, emit, error_event
 from common.streaming import NO_BUFFERING, forward_headers, iter_upstream
 
-from .lease import Admission, Lease
+from .lease import Admission, Lease, waiting_for
 from .settings import Settings
 
 log = logging.getLogger("swapper.forward")
@@ -51,9 +51,52 @@ class Forwarder:
         return f"{lease.backend.url}/{path.lstrip('/')}" + (f"?{query}" if query else "")
 
     def forward(self, model: str, method: str, path: str, query: str, headers,
-                body: bytes | None, environ: dict) -> Response:
-        lease, upstream = self.open(model, method, path, query, headers, body, environ)
-        return relay(lease, upstream)
+                body: bytes | None, environ: dict, stream: bool = False) -> Response:
+        """The backend's answer to the request. A streamed request that has to
+        wait (a load, a swap, a drain, the queue) is answered at once: an SSE
+        stream of progress comments every KEEPALIVE_INTERVAL until the backend's
+        own events follow, or an error event ends it."""
+        if not stream:
+            return relay(*self.open(model, method, path, query, headers, body, environ))
+        (lease,) = self.admission.queue(model)
+        try:
+            admitted = self.admission.wait(lease, environ, timeout=0.05)
+        except BaseException:
+            self.admission.leave([lease])
+            raise
+        if admitted:
+            return relay(*self.open(model, method, path, query, headers, body, environ,
+                                    lease=lease))
+        events = self._waiting_stream(lease, method, path, query, headers, body, environ)
+        return Response(events, mimetype="text/event-stream", headers=NO_BUFFERING,
+                        direct_passthrough=True)
+
+    def _waiting_stream(self, lease: Lease, method: str, path: str, query: str, headers,
+                        body: bytes | None, environ: dict):
+        answer = None
+        try:
+            interval = self.settings.keepalive_interval
+            admission, scheduler = self.admission, self.admission.scheduler
+            yield comment(waiting_for(scheduler.snapshot(), lease.model))
+            while not admission.wait(lease, environ, timeout=interval):
+                yield comment(waiting_for(scheduler.snapshot(), lease.model))
+            lease, upstream = self.open(lease.model, method, path, query, headers, body,
+                                        environ, lease=lease)
+            answer = LeasedBody(lease, upstream)
+            if upstream.status_code != 200:
+                yield error_event(path, _error_message(upstream), upstream.status_code,
+                                  "backend_error")
+                return
+            yield from answer
+        except ApiError as e:
+            yield error_event(path, e.message, e.status, e.code, e.type)
+        finally:
+            if answer is not None:
+                answer.close()
+            elif lease.ticket.state == "admitted":     # the client left before the answer
+                lease.finish(status_of("client_gone"), "client_gone")
+            else:
+                self.admission.leave([lease])
 
     def open(self, model: str, method: str, path: str, query: str, headers,
              body: bytes | None, environ: dict, lease: Lease | None = None
@@ -147,6 +190,16 @@ class LeasedBody:
         self.upstream.close()
         if not self._started:          # HEAD, or a client gone before the body
             self.lease.finish(self.upstream.status_code)
+
+
+def _error_message(upstream: requests.Response) -> str:
+    """The message of an upstream error answer (its envelope's, or its text)."""
+    text = upstream.text[:2000]
+    try:
+        err = upstream.json().get("error")
+        return (err.get("message") if isinstance(err, dict) else str(err)) or text
+    except (ValueError, AttributeError):
+        return text
 
 
 def relay(lease: Lease, upstream: requests.Response) -> Response:

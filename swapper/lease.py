@@ -73,20 +73,29 @@ class Admission:
         they join the same epoch, so no swap comes between them) and return
         their leases once the first is admitted; wait on the others with
         `wait()`. Raises ApiError."""
-        tickets = self._submit(model, count)
-        leases = [Lease(self, t) for t in tickets]
+        leases = self.queue(model, count)
         try:
             self.wait(leases[0], environ)
         except BaseException:
-            for lease in leases[1:]:
-                self.scheduler.cancel(lease.ticket)
+            self.leave(leases[1:])
             raise
         return leases
 
-    def wait(self, lease: Lease, environ: dict) -> None:
-        """Block until `lease`'s ticket is admitted. Raises ApiError; a client
-        that goes away meanwhile leaves the queue."""
-        self._wait(lease.ticket, environ)
+    def queue(self, model: str, count: int = 1) -> list[Lease]:
+        """Queue `count` requests for `model` without waiting. Raises ApiError
+        (queue full)."""
+        return [Lease(self, t) for t in self._submit(model, count)]
+
+    def wait(self, lease: Lease, environ: dict, timeout: float | None = None) -> bool:
+        """Block until `lease`'s ticket is admitted (True), or `timeout` passes
+        (False). Raises ApiError; a client that goes away leaves the queue."""
+        return self._wait(lease.ticket, environ, timeout)
+
+    def leave(self, leases: list[Lease]) -> None:
+        """Leases given up before they were admitted leave the queue."""
+        for lease in leases:
+            if lease.ticket.state == "waiting":
+                self.scheduler.cancel(lease.ticket)
 
     def unload(self, environ: dict) -> None:
         """Queue an unload behind what is waiting; return once it is done."""
@@ -100,10 +109,14 @@ class Admission:
             raise failure("queue_full", str(e),
                           headers={"Retry-After": str(e.retry_after)}) from None
 
-    def _wait(self, ticket: Ticket, environ: dict) -> None:
+    def _wait(self, ticket: Ticket, environ: dict, timeout: float | None = None) -> bool:
         t0 = time.monotonic()
+        end = None if timeout is None else t0 + timeout
         try:
-            while not self.scheduler.wait(ticket, POLL):
+            while not self.scheduler.wait(ticket, POLL if end is None else
+                                          max(0.0, min(POLL, end - time.monotonic()))):
+                if end is not None and time.monotonic() >= end:
+                    return False
                 if client_gone(environ):
                     self.scheduler.cancel(ticket)
                     raise failure("client_gone", "client disconnected while queued")
@@ -117,3 +130,23 @@ class Admission:
             raise
         if ticket.model is not None:
             self.metrics.queue_seconds.observe(time.monotonic() - t0, model=ticket.model)
+        return True
+
+
+def waiting_for(snapshot: dict, model: str) -> str:
+    """What a request for `model` waits for, in words (SSE progress comments)."""
+    phase, resident = snapshot["state"], snapshot["model"]
+    progress = snapshot.get("progress") or {}
+    if resident == model and phase == "loading":
+        text = f"loading model {model}"
+        if progress.get("seconds") is not None:
+            text += f" ({progress['seconds']:g} s"
+            text += f": {progress['detail']})" if progress.get("detail") else ")"
+        return text
+    if resident == model and phase == "ready":
+        return (f"waiting for a free slot of {model} ({snapshot['in_flight']} in flight, "
+                f"{snapshot['queued']} queued)")
+    if resident and phase in ("ready", "stopping"):
+        return (f"waiting for {resident} to finish its {snapshot['in_flight']} request(s) "
+                f"and unload before {model} loads")
+    return f"waiting to load {model} ({snapshot['queued']} queued)"

@@ -19,7 +19,7 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 import docker
 import docker.errors
@@ -82,11 +82,14 @@ def _docker_cause(model: ModelSpec, err: Exception, settings: Settings) -> str:
     return f"docker refused to start it: {text}"
 
 
+Progress = Callable[[float, str], None]   # (seconds since start, last log line)
+
+
 class Runtime(Protocol):
     """What the driver needs from a container engine."""
 
     def ping(self) -> bool: ...
-    def start(self, spec: ModelSpec) -> "Backend": ...
+    def start(self, spec: ModelSpec, on_progress: "Progress | None" = None) -> "Backend": ...
     def stop(self, backend_or_model: "Backend | str") -> None: ...
     def state(self, backend: "Backend") -> tuple[bool, str]: ...
     def logs(self, model_id: str, tail: int | None = None) -> str: ...
@@ -195,18 +198,19 @@ class DockerRuntime:
             return ""
 
     # ------------------------------------------------------------------ start
-    def start(self, spec: ModelSpec) -> Backend:
-        """Create and start the model's container; return once it is healthy.
+    def start(self, spec: ModelSpec, on_progress: Progress | None = None) -> Backend:
+        """Create and start the model's container; return once it is healthy,
+        telling `on_progress` twice a second how it goes.
         Raises BackendError (DockerUnavailable becomes one of kind
         docker_unreachable); whatever it created is removed on failure when the
         engine answers, and by the next start's remove_all() otherwise."""
         try:
-            return self._start(spec)
+            return self._start(spec, on_progress)
         except DockerUnavailable as e:
             raise BackendError(spec.id, f"could not start it: {e}",
                                kind="docker_unreachable") from None
 
-    def _start(self, spec: ModelSpec) -> Backend:
+    def _start(self, spec: ModelSpec, on_progress: Progress | None) -> Backend:
         self.remove_all()               # never two: whatever of ours exists goes first
         self._ensure_image(spec)
         name = self.container_name(spec.id)
@@ -219,7 +223,7 @@ class DockerRuntime:
             raise BackendError(spec.id, _docker_cause(spec, e, self.settings)) from None
         backend = Backend(spec.id, container.id, name, self._url(spec, name))
         try:
-            self._wait_ready(spec, container, backend)
+            self._wait_ready(spec, container, backend, on_progress)
         except BaseException:
             try:
                 self._remove_quietly(container.id)
@@ -297,7 +301,8 @@ class DockerRuntime:
             raise BackendError(spec.id, f"could not pull image '{spec.image}': {e}") from None
         log.info("model %s: pulled %s", spec.id, spec.image)
 
-    def _wait_ready(self, spec: ModelSpec, container, backend: Backend) -> None:
+    def _wait_ready(self, spec: ModelSpec, container, backend: Backend,
+                    on_progress: Progress | None = None) -> None:
         """Ready = container running AND HTTP health 200 (llama.cpp answers 503
         while loading; vLLM refuses connections until ready)."""
         s = self.settings
@@ -312,6 +317,9 @@ class DockerRuntime:
                 running, reason = self.state(backend)
                 if not running:
                     raise BackendError(spec.id, f"failed to start: {reason}", self._tail(container))
+                if on_progress is not None and now - started >= 1.0:
+                    lines = self._tail(container, 1).strip().splitlines()
+                    on_progress(now - started, lines[-1][:200] if lines else "")
             try:
                 r = self._http.get(url, timeout=(1.0, 2.0))
                 if r.status_code == 200:

@@ -58,6 +58,9 @@ class Cancelled(SchedulerError):
 
 IDLE, LOADING, READY, STOPPING = "idle", "loading", "ready", "stopping"
 
+# The event each phase change publishes (for the model that phase is about).
+PHASE_EVENTS = {LOADING: "load_started", READY: "ready", STOPPING: "unloading", IDLE: "unloaded"}
+
 
 @dataclass(eq=False)
 class Ticket:
@@ -100,6 +103,8 @@ class Scheduler:
         self._backend: Any = None
         self._action: Action | None = None
         self._failures: dict[str, int] = {}
+        self._last_error: dict[str, str] = {}     # model -> why its last load failed
+        self.progress: dict = {}                  # the running load's latest progress
         self._listeners: list[Callable[[str, dict], None]] = []
 
     # ---------------------------------------------------------------- requests
@@ -122,6 +127,7 @@ class Scheduler:
                     t.epoch = self.epoch
                 self._queue.append(t)
                 tickets.append(t)
+            self._emit("queued", model=model, count=count, queued=len(self._queue))
             self._schedule()
             return tickets
 
@@ -183,9 +189,11 @@ class Scheduler:
                     self._queue.remove(t)
                     t.state, t.error = "failed", error
                     t.event.set()
-                self._emit("load_failed", model=model, error=str(error))
+                self._last_error[model] = str(error)
+                self._emit("load_failed", model=model, error=str(error), cause=error.kind)
             else:
                 self._backend = backend
+                self._last_error.pop(self.model, None)
                 self._set_phase(READY, self.model)
             self._schedule()
 
@@ -218,7 +226,7 @@ class Scheduler:
         with self._cv:
             if (ttl > 0 and self.phase == READY and not self._active and not self._queue
                     and self._clock() - self.last_activity >= ttl):
-                self._emit("idle_unload", model=self.model)
+                self._emit("idle_unload", model=self.model, idle_seconds=ttl)
                 self._start_stop()
                 return True
             return False
@@ -230,6 +238,28 @@ class Scheduler:
         or a backend adopted, cleared when it stops. None otherwise."""
         with self._cv:
             return self._backend
+
+    def load_progress(self, epoch: int, seconds: float, detail: str = "") -> None:
+        """The driver's word on a running load (elapsed time, last log line)."""
+        with self._cv:
+            if self.phase != LOADING or epoch != self.epoch:
+                return
+            self.progress = {"model": self.model, "seconds": round(seconds, 1), "detail": detail}
+            self._emit("progress", **self.progress)
+
+    def model_status(self, model: str) -> dict:
+        """A model's status in the shape llama.cpp's router and llama-swap use:
+        {"value": "loaded" | "loading" | "unloading" | "unloaded" | "failed"},
+        with the last failure's message while it is the latest word."""
+        with self._cv:
+            if model == self.model:
+                value = {LOADING: "loading", READY: "loaded", STOPPING: "unloading"}[self.phase]
+            else:
+                value = "failed" if model in self._last_error else "unloaded"
+            out = {"value": value}
+            if model in self._last_error:
+                out["failure"] = self._last_error[model]
+            return out
 
     def snapshot(self) -> dict:
         with self._cv:
@@ -243,6 +273,7 @@ class Scheduler:
                 "queued_by_model": _count(t.model or "(unload)" for t in self._queue),
                 "failures": dict(self._failures),
                 "backend": self._backend,
+                "progress": dict(self.progress),
             }
 
     def subscribe(self, listener: Callable[[str, dict], None]) -> None:
@@ -311,11 +342,14 @@ class Scheduler:
             t.event.set()
 
     def _set_phase(self, phase: str, model: str | None) -> None:
-        old = (self.phase, self.model)
+        old, old_since = (self.phase, self.model), self.since
         self.phase, self.model = phase, model
         self.since = self._clock()
+        if phase != LOADING:
+            self.progress = {}
         if old != (phase, model):
-            self._emit("phase", phase=phase, model=model, previous=old[0])
+            self._emit(PHASE_EVENTS[phase], model=model or old[1], previous=old[0],
+                       seconds=round(self.since - old_since, 3))
 
     def _post(self, action: Action) -> None:
         self._action = action

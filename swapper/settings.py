@@ -37,6 +37,9 @@ class Settings:
     pull_images: bool = True
     log_tail: int = 40
     max_n: int = 8
+    keepalive_interval: float = 5.0      # SSE comment while a streamed request waits
+    preload: str | None = None           # model loaded when the swapper starts
+    idle_model: str | None = None        # model swapped back in when another's idle_ttl ends
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -63,5 +66,8 @@ class Settings:
             pull_images=env_bool(e, "PULL_IMAGES", d.pull_images),
             log_tail=env_int(e, "LOG_TAIL", d.log_tail),
             max_n=env_int(e, "MAX_N", d.max_n),
+            keepalive_interval=env_float(e, "KEEPALIVE_INTERVAL", d.keepalive_interval),
+            preload=env_str(e, "PRELOAD", "") or None,
+            idle_model=env_str(e, "IDLE_MODEL", "") or None,
             env=e,
         )

@@ -127,3 +127,21 @@ def test_the_stack_end_to_end(stack):
                            json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
                            timeout=60)
     assert direct.status_code == 200 and direct.json()["choices"]
+
+
+def test_services_run_without_root(stack):
+    """Least privilege under compose: the swapper drops to its own user with
+    the Docker socket's group; the proxy's image has its own user too. (Docker
+    runs the image's HEALTHCHECK probe as the image's user: a probe caught
+    mid-run is not the service.)"""
+    client = docker.from_env()
+    for service, uid in (("swapper", "10001"), ("proxy", None)):
+        (c,) = client.containers.list(filters={
+            "label": [f"com.docker.compose.project={stack.stack}",
+                      f"com.docker.compose.service={service}"]})
+        top = c.top(ps_args="-o pid,uid,args")
+        col = top["Titles"].index("UID")
+        uids = {row[col] for row in top["Processes"] if "healthz" not in row[-1]}
+        assert "0" not in uids, f"{service} runs processes as root: {top['Processes']}"
+        if uid:
+            assert uids == {uid}, uids

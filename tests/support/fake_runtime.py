@@ -63,8 +63,10 @@ class FakeRuntime:
     def ping(self) -> bool:
         return self.engine_up
 
-    def start(self, spec: ModelSpec) -> Backend:
+    def start(self, spec: ModelSpec, on_progress=None) -> Backend:
         self.calls.append(("start", spec.id))
+        if on_progress is not None:
+            on_progress(1.0, f"fake: loading {spec.id}")
         if not self.engine_up:
             raise BackendError(spec.id, "could not start it: fake engine down",
                                kind="docker_unreachable")
