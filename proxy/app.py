@@ -21,7 +21,8 @@ from .settings import Settings
 from .upstream import ModelCatalog, Upstream, _reason
 
 ADMIN_ROUTES = ("/load", "/load/<path:model>", "/unload", "/running",
-                "/upstream/<path:rest>", "/logs", "/logs/<path:rest>")
+                "/upstream/<path:rest>", "/logs", "/logs/<path:rest>", "/events",
+                "/models", "/models/<path:rest>")
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
 _V1_ROUTES = {"chat", "completions", "embeddings", "models", "responses", "messages"}
 
@@ -33,7 +34,8 @@ def route_label(path: str) -> str:
         if len(parts) > 1 and parts[1] in _V1_ROUTES:
             return "/v1/" + ("chat/completions" if parts[1] == "chat" else parts[1])
         return "/v1/other"
-    if parts[0] in ("load", "unload", "running", "upstream", "logs", "healthz", "metrics"):
+    if parts[0] in ("load", "unload", "running", "upstream", "logs", "healthz", "metrics",
+                    "events", "models"):
         return "/" + parts[0]
     return "other"
 
