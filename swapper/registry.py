@@ -85,18 +85,6 @@ class ModelSpec:
     healthcheck: tuple[str, ...] = ()
     user: str | None = None          # uid[:gid] the container runs as (None: the image's)
 
-    @property
-    def uses_gpu(self) -> bool:
-        return bool(self.gpus)
-
-    @property
-    def serves_n_natively(self) -> bool:
-        """Can the backend answer `n` choices in one request? vLLM can; llama-server
-        only up to its slot count. The registry may say so explicitly."""
-        if self.native_n is not None:
-            return self.native_n
-        return self.kind == "vllm"
-
     def public(self) -> dict:
         """The entry /v1/models shows for this model."""
         return {
