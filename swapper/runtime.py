@@ -20,6 +20,7 @@ import docker.types
 import docker.utils
 import requests
 
+from . import hostdir
 from .registry import ModelSpec, Registry
 from .settings import Settings
 
@@ -73,6 +74,7 @@ class DockerRuntime:
         self.settings = settings
         self.registry = registry
         self.client = client or docker.from_env(timeout=60)
+        self.settings = hostdir.resolved(settings, self.client)   # HOST_DIR, else compose's folder
         self._http = requests.Session()
 
     # ----------------------------------------------------------------- naming
