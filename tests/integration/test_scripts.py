@@ -58,8 +58,10 @@ def test_list_shows_what_every_model_needs(dirs):
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert f"MODELS_DIR {dirs['MODELS_DIR']}" in out
-    for mid in ("smollm2", "qwen-38-27b", "qwen-35b", "qwen-122b", "foundation"):
+    for mid in ("smollm2", "smollm2-vllm", "qwen-38-27b", "qwen-35b", "qwen-122b", "foundation"):
         assert f"{mid}  [needs download]" in out
+    assert "https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct" in out
+    assert "missing  smollm2-135m-hf/ (safetensors folder)" in out
     assert "https://huggingface.co/unsloth/Qwen3.8-27B-GGUF" in out
     assert "missing  Qwen3.8-27B-GGUF/Qwen3.8-27B-Q6_K.gguf" in out
     assert "missing  Qwen3.8-27B-GGUF/mmproj-F16.gguf" in out
@@ -190,6 +192,61 @@ def test_real_hf_cli_without_network_gives_a_clear_error(dirs, tmp_path):
     assert "installing the Hugging Face CLI" in r.stdout
     assert "foundation: ERROR: could not reach huggingface.co" in r.stderr
     assert "download-model.sh: failed: foundation" in r.stderr
+
+
+# ------------------------------------------------ smollm2-vllm: a safetensors folder
+
+def test_smollm2_vllm_folder_of_the_test_bed_is_present():
+    """The folder the test bed converted is what the registry mounts and what
+    download-model.sh checks: present, nothing to fetch, no Hugging Face needed."""
+    models = os.environ["TESTBED_MODELS_DIR"]
+    r = run([DOWNLOAD, "smol-vllm"], {"MODELS_DIR": models, "HF_CLI": "/nonexistent/hf",
+                                      "SMOLLM2_HF_DIR": os.environ["TESTBED_VLLM_MODEL_NAME"]})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "smollm2-vllm: already present  smollm2-135m-hf/ (safetensors folder)" in r.stdout
+
+
+@pytest.fixture
+def writing_hf(tmp_path):
+    """A stand-in `hf` that downloads like the Hub would: the files into --local-dir."""
+    script = tmp_path / "hf"
+    script.write_text(
+        "#!/bin/sh\n"
+        "echo \"hf $*\" >> \"$FAKE_HF_LOG\"\n"
+        "while [ $# -gt 0 ]; do [ \"$1\" = --local-dir ] && dir=\"$2\"; shift; done\n"
+        "mkdir -p \"$dir\" && echo '{\"model_type\": \"llama\"}' > \"$dir/config.json\"\n"
+        "printf 'safetensors' > \"$dir/model.safetensors\"\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_smollm2_vllm_is_fetched_as_a_folder(dirs, writing_hf, tmp_path):
+    log = tmp_path / "hf.log"
+    env = {**dirs, "HF_CLI": str(writing_hf), "FAKE_HF_LOG": str(log)}
+    r = run([DOWNLOAD, "smollm2-vllm"], env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    target = Path(dirs["MODELS_DIR"]) / "smollm2-135m-hf"
+    assert log.read_text().strip() == (
+        f"hf download HuggingFaceTB/SmolLM2-135M-Instruct --include *.json --include "
+        f"*.safetensors --include *.txt --local-dir {target}")
+    assert "smollm2-vllm: ready" in r.stdout
+    assert (target / "config.json").is_file() and (target / "model.safetensors").is_file()
+    again = run([DOWNLOAD, "smollm2-vllm"], env)
+    assert "smollm2-vllm: already present" in again.stdout
+    assert log.read_text().count("hf download") == 1, "present: not fetched again"
+    # SMOLLM2_HF_DIR (the registry's variable) moves the folder for both
+    other = run([DOWNLOAD, "--dry-run", "smollm2-vllm"], {**env, "SMOLLM2_HF_DIR": "mine-hf"})
+    assert "missing  mine-hf/ (safetensors folder)" in other.stdout
+
+
+def test_an_empty_download_is_an_error(dirs, fake_hf, tmp_path):
+    """`hf` exits 0 but leaves no checkpoint: said, not reported as ready."""
+    ok_hf = tmp_path / "ok-hf"
+    ok_hf.write_text("#!/bin/sh\nexit 0\n")
+    ok_hf.chmod(0o755)
+    r = run([DOWNLOAD, "smollm2-vllm"], {**dirs, "HF_CLI": str(ok_hf)})
+    assert r.returncode == 1
+    assert "has no config.json and *.safetensors" in r.stderr
 
 
 def test_unknown_model_lists_the_known_ones(dirs):

@@ -316,11 +316,22 @@ def test_manifest_file_names_are_the_ones_backends_loads():
         if entry["source"] == "hf-cache":
             assert defaults.get(entry["var"]) == entry["repo"]
             assert entry["repo"] in reg.resolve(model_id).args
+        if entry["source"] == "hf-dir":
+            assert defaults.get(entry["var"]) == entry["dir"]
+            assert f"/models/{entry['dir']}" in reg.resolve(model_id).args
+
+
+def test_every_model_can_be_fetched():
+    """README's model table promises ./download-model.sh for every model."""
+    manifest = _manifest()
+    for m in Registry.load(BACKENDS, env={}):
+        assert m.id in manifest, f"download-model.sh cannot fetch {m.id} (scripts/models.toml)"
 
 
 def test_every_gguf_that_backends_loads_is_in_the_manifest():
     manifest = _manifest()
     known = {f["local"] for e in manifest.values() for f in e.get("files", [])}
+    known |= {e["dir"] for e in manifest.values() if e["source"] == "hf-dir"}
     for m in Registry.load(BACKENDS, env={}):
         if m.id not in manifest:
             continue            # models maintained elsewhere (e.g. test-bed-only ones)
@@ -331,13 +342,15 @@ def test_every_gguf_that_backends_loads_is_in_the_manifest():
 
 def test_manifest_sources_are_well_formed():
     for model_id, e in _manifest().items():
-        assert e["source"] in ("pypi", "hf", "hf-cache"), model_id
+        assert e["source"] in ("pypi", "hf", "hf-cache", "hf-dir"), model_id
         if e["source"] == "pypi":
             assert "==" in e["package"], "pin the wheel"
             for f in e["files"]:
                 assert f["size"] > 0 and len(f["sha256"]) == 64
         elif e["source"] == "hf":
             assert e["repo"].count("/") == 1 and e["files"]
+        elif e["source"] == "hf-dir":
+            assert e["repo"].count("/") == 1 and e["dir"] and e["var"] and e["include"]
         else:
             assert e["repo"].count("/") == 1 and e["var"]
 
