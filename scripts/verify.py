@@ -174,7 +174,8 @@ class Gate:
                             ("search", self.probe_search)):
             try:
                 p[name] = probe(model, entry, mt, res)
-            except (OSError, BenchError, ValueError, KeyError, TypeError) as e:
+            except (OSError, BenchError, ValueError, KeyError, IndexError, TypeError,
+                    AttributeError) as e:      # a malformed answer is a failed probe
                 p[name] = Probe(False, f"{type(e).__name__}: {_short(e, 300)}")
         return res
 

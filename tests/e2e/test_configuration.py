@@ -180,6 +180,8 @@ def test_every_documented_setting_reaches_its_service(project, tmp_path, route):
     assert cfg["name"] == values["STACK_NAME"]
     if route == "dotenv":
         assert env["swapper"]["MY_OWN_MODEL_FILE"] == "x.gguf", "all of .env reaches the swapper"
+        assert "MY_OWN_MODEL_FILE" not in env["proxy"] and "HF_TOKEN" not in env["proxy"], \
+            "the public-facing proxy gets its own settings, not the rest of .env"
 
     # the compose table: the host side of the endpoint, the images
     (port,) = svc["proxy"]["ports"]
