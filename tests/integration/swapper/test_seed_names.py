@@ -42,6 +42,12 @@ def shipped(docker_client):
     }
     with SwapperProcess(backends_dir=REPO / "backends", **env) as sw:
         yield sw
+    # foundation's compile-cache volume is named after the stack; Docker made it when
+    # the container was created, before the GPU request failed.
+    for v in docker_client.volumes.list(filters={"name": sw.stack}):
+        if v.name.startswith(sw.stack + "-"):
+            v.remove(force=True)
+    assert not docker_client.volumes.list(filters={"name": sw.stack})
 
 
 def _gpu_refusal(r: requests.Response, model_id: str) -> str:
