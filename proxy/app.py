@@ -131,14 +131,16 @@ def create_app(settings: Settings | None = None) -> Flask:
         if settings.INJECT_SYSTEM and first_role not in ("system", "developer"):
             text = catalog.lookup(model).get("system_prompt") or settings.SYSTEM_PROMPT
             changed |= normalize.inject_system_prompt(body, text)
+        search = loop.should_inject(body, settings)
+        if search:
+            loop.inject_tool(body)          # before the floor: web_search is a tool too
         if body.get("tools") and (body.get("max_tokens") or body.get("max_completion_tokens")):
             floor = catalog.lookup(model).get("max_tokens_floor") or \
                 settings.TOOL_MAX_TOKENS_FLOOR
             changed |= normalize.apply_token_floor(body, floor)
         stream = bool(body.get("stream"))
 
-        if loop.should_inject(body, settings):
-            loop.inject_tool(body)
+        if search:
             s = loop.SearchSession(body, settings=settings, upstream=upstream, searx=searx,
                                    metrics=metrics, executor=executor, headers=request.headers)
             if not stream:

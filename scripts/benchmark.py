@@ -70,6 +70,8 @@ def stream_chat(url: str, headers: dict, body: dict) -> dict:
     chunks = 0
     usage = timings = None
     text = []
+    models: set[str] = set()
+    done = False
     with resp:
         for raw in resp:
             line = raw.decode("utf-8", errors="replace").strip()
@@ -77,6 +79,7 @@ def stream_chat(url: str, headers: dict, body: dict) -> dict:
                 continue
             payload = line[5:].strip()
             if payload == "[DONE]":
+                done = True
                 break
             try:
                 event = json.loads(payload)
@@ -84,6 +87,8 @@ def stream_chat(url: str, headers: dict, body: dict) -> dict:
                 continue
             if "error" in event:
                 raise BenchError(f"error in stream: {json.dumps(event['error'])[:300]}")
+            if event.get("model"):
+                models.add(event["model"])
             if event.get("usage"):
                 usage = event["usage"]
             if event.get("timings"):
@@ -103,7 +108,7 @@ def stream_chat(url: str, headers: dict, body: dict) -> dict:
     tokens = (usage or {}).get("completion_tokens") or chunks
     return {"ttft": first - t0, "decode_time": last - first, "tokens": tokens, "chunks": chunks,
             "prompt_tokens": (usage or {}).get("prompt_tokens"), "timings": timings,
-            "text": "".join(text)}
+            "text": "".join(text), "models": models, "done": done}
 
 
 def request_body(model: str | None, prompt: str, max_tokens: int) -> dict:

@@ -73,6 +73,12 @@ class ModelSpec:
     var: str | None = None
     approx_gb: float | None = None
     files: list[FileSpec] = field(default_factory=list)
+    dir: str | None = None          # hf-dir: the folder under MODELS_DIR (overridable by var)
+    include: list[str] = field(default_factory=list)   # hf-dir: which files of the repo
+
+    def dir_for(self, env: dict) -> str:
+        """hf-dir models: the folder under MODELS_DIR, overridable like backends/ does."""
+        return (env.get(self.var) if self.var else None) or self.dir
 
     def repo_for(self, env: dict) -> str:
         """hf-cache models: the checkpoint, overridable like backends/ does."""
@@ -87,7 +93,7 @@ def load_manifest(path: Path = MANIFEST) -> dict[str, ModelSpec]:
         files = [FileSpec(**f) for f in raw.get("files", [])]
         rest = {k: v for k, v in raw.items() if k != "files"}
         spec = ModelSpec(id=model_id, files=files, **rest)
-        if spec.source not in ("pypi", "hf", "hf-cache"):
+        if spec.source not in ("pypi", "hf", "hf-cache", "hf-dir"):
             raise ValueError(f"{path}: model {model_id}: unknown source {spec.source!r}")
         models[model_id] = spec
     return models
@@ -213,7 +219,23 @@ def checkpoint_status(hf_home: Path, m: ModelSpec, env: dict) -> FileStatus:
     return st
 
 
+def folder_status(models_dir: Path, m: ModelSpec, env: dict) -> FileStatus:
+    """hf-dir models: a checkpoint folder (config.json and *.safetensors) under MODELS_DIR."""
+    name = m.dir_for(env)
+    path = models_dir / name
+    approx = m.approx_gb * 1e9 if m.approx_gb and name == m.dir else None
+    st = FileStatus(f"{name}/ (safetensors folder)", path, "missing", approx=approx)
+    if (path / ".cache").is_dir() and any((path / ".cache").rglob("*.incomplete")):
+        st.state = "incomplete"         # `hf download --local-dir` keeps partial files there
+    elif (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        st.state = "present"
+        st.have = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    return st
+
+
 def status(m: ModelSpec, env: dict) -> list[FileStatus]:
+    if m.source == "hf-dir":
+        return [folder_status(host_dir(env.get("MODELS_DIR"), "./models"), m, env)]
     if m.source == "hf-cache":
         return [checkpoint_status(host_dir(env.get("HF_HOME"), "./hf-cache"), m, env)]
     models_dir = host_dir(env.get("MODELS_DIR"), "./models")
@@ -398,6 +420,32 @@ def fetch_hf_files(m: ModelSpec, missing: list[FileStatus], env: dict) -> None:
             print(f"  fetched  {s.label} ({human(s.path.stat().st_size)}, {how})")
 
 
+def fetch_hf_dir(m: ModelSpec, env: dict) -> None:
+    """A repository's files (those matching `include`) into a folder under MODELS_DIR."""
+    import fnmatch
+    models_dir = host_dir(env.get("MODELS_DIR"), "./models")
+    hf, py = hf_cli()
+    sizes = remote_sizes(py, m.repo, [], env)
+    if sizes is not None:
+        sizes = {k: v for k, v in sizes.items()
+                 if any(fnmatch.fnmatch(k, pat) for pat in m.include or ["*"])}
+    target = models_dir / m.dir_for(env)
+    target.mkdir(parents=True, exist_ok=True)
+    include = [a for pat in m.include for a in ("--include", pat)]
+    run_hf(hf + ["download", m.repo, *include, "--local-dir", str(target)], m.repo, m.repo, env)
+    st = folder_status(models_dir, m, env)
+    if not st.ok:
+        raise FetchError(f"hf download finished but {target} has no config.json and "
+                         f"*.safetensors ({st.state})")
+    for rel, size in (sizes or {}).items():
+        p = target / rel
+        if not p.exists():
+            raise FetchError(f"{m.repo}/{rel}: missing after download")
+        if size is not None and p.stat().st_size != size:
+            raise FetchError(f"{m.repo}/{rel}: size {p.stat().st_size} bytes, Hub says {size}")
+    print(f"  fetched  {st.label} ({human(st.have)}{', sizes verified' if sizes else ''})")
+
+
 def fetch_hf_checkpoint(m: ModelSpec, env: dict) -> None:
     hf_home = host_dir(env.get("HF_HOME"), "./hf-cache")
     repo = m.repo_for(env)
@@ -490,6 +538,8 @@ def cmd_fetch(ids: list[str], models: dict[str, ModelSpec], env: dict, dry_run: 
                 fetch_pypi(m, todo, env)
             elif m.source == "hf":
                 fetch_hf_files(m, todo, env)
+            elif m.source == "hf-dir":
+                fetch_hf_dir(m, env)
             else:
                 fetch_hf_checkpoint(m, env)
             print(f"{mid}: ready")

@@ -27,6 +27,7 @@ import docker.types
 import docker.utils
 import requests
 
+from . import hostdir
 from .registry import ModelSpec, Registry
 from .settings import Settings
 
@@ -119,6 +120,7 @@ class DockerRuntime:
         self.settings = settings
         self.registry = registry
         self._client = client
+        self._host_dir: str | None = None
         self._http = requests.Session()
         self._http.trust_env = False
 
@@ -130,6 +132,14 @@ class DockerRuntime:
             with _engine():
                 self._client = docker.from_env(timeout=60)
         return self._client
+
+    @property
+    def host_dir(self) -> str:
+        """HOST_DIR, else the compose project folder (asked of the engine on
+        first use: the engine may be down when the swapper starts)."""
+        if self._host_dir is None:
+            self._host_dir = hostdir.host_dir(self.settings, self.client)
+        return self._host_dir
 
     # ----------------------------------------------------------------- naming
     @property
@@ -270,7 +280,7 @@ class DockerRuntime:
         """Relative host paths resolve against HOST_DIR; named volumes stay named."""
         source, sep, rest = volume.partition(":")
         if source.startswith("./") or source.startswith("../") or source in (".", ".."):
-            source = os.path.normpath(os.path.join(self.settings.host_dir, source))
+            source = os.path.normpath(os.path.join(self.host_dir, source))
         elif source.startswith("~"):
             source = os.path.expanduser(source)
         return source + sep + rest

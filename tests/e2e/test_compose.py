@@ -17,7 +17,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class Compose:
-    def __init__(self):
+    """Runs `docker compose -f <repo>/docker-compose.yaml ...` from ANOTHER folder (cwd),
+    as a user may: nothing may depend on the caller's folder."""
+
+    def __init__(self, cwd: Path):
+        self.cwd = cwd
         self.stack = f"cse2e-{uuid.uuid4().hex[:6]}"
         self.proxy_port = free_port()
         self.backend_port = free_port()
@@ -28,13 +32,14 @@ class Compose:
             "BACKEND_PUBLISH_PORT": str(self.backend_port),
             "PYTHON_BASE_IMAGE": os.environ["TESTBED_BASE_IMAGE"],
             "WEB_SEARCH": "0",        # no SearXNG in this test; the search loop has its own tests
-            "PWD": str(REPO),
+            "PWD": str(cwd),
         }
+        self.env.pop("HOST_DIR", None)
 
     def __call__(self, *args, check=True, timeout=900):
-        cmd = ["docker", "compose", "-f", "docker-compose.yaml", "-f",
-               "tests/e2e/compose.test.yaml", *args]
-        p = subprocess.run(cmd, cwd=REPO, env=self.env, capture_output=True, text=True,
+        cmd = ["docker", "compose", "-f", str(REPO / "docker-compose.yaml"), "-f",
+               str(REPO / "tests/e2e/compose.test.yaml"), *args]
+        p = subprocess.run(cmd, cwd=self.cwd, env=self.env, capture_output=True, text=True,
                            timeout=timeout)
         if check and p.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
@@ -70,8 +75,8 @@ def test_env_example_parses_as_documented():
 
 
 @pytest.fixture(scope="module")
-def stack():
-    compose = Compose()
+def stack(tmp_path_factory):
+    compose = Compose(tmp_path_factory.mktemp("elsewhere"))
     client = docker.from_env()
     try:
         compose("build")
@@ -145,3 +150,14 @@ def test_services_run_without_root(stack):
         assert "0" not in uids, f"{service} runs processes as root: {top['Processes']}"
         if uid:
             assert uids == {uid}, uids
+
+
+def test_relative_volumes_resolve_against_the_compose_folder(stack):
+    """compose ran from another folder (and PWD says so): `./` in backends/ is still the
+    compose folder, which the swapper read from its own container. rel-mount serves the
+    folder it mounts and is healthy only when that folder holds the marker."""
+    base = f"http://127.0.0.1:{stack.proxy_port}"
+    r = requests.get(f"{base}/upstream/rel-mount/marker.txt", timeout=180)
+    assert r.status_code == 200, r.text
+    assert r.text == (REPO / "tests/fixtures/mounted/marker.txt").read_text()
+    assert not (stack.cwd / "tests").exists(), "nothing was mounted from the caller's folder"

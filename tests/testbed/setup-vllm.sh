@@ -80,8 +80,21 @@ base_python_version() {
     -c 'import sys; print("%d.%d" % sys.version_info[:2])'
 }
 
+# Cache keys hash file CONTENTS (`sha256sum <FILE`): `sha256sum FILE` prints the path
+# too, and a checkout in another folder would rebuild the image and reconvert the model.
 wheelhouse_dir() {
-  echo "$cache/vllm-wheelhouse/py$1-$(sha256sum "$lockfile" | cut -c1-16)"
+  echo "$cache/vllm-wheelhouse/py$1-$(sha256sum <"$lockfile" | cut -c1-16)"
+}
+
+# vllm_image_key WHEELHOUSE DOCKERFILE BASE_IMAGE_ID
+vllm_image_key() {
+  ( (cd "$1" && ls -l --time-style=+ ./*.whl | awk '{print $5, $NF}'); sha256sum <"$2"; echo "$3") \
+    | sha256sum | cut -c1-16
+}
+
+# model_key GGUF GGUF_NAME CONVERTER
+model_key() {
+  (stat -c '%s' "$1"; echo "$2"; sha256sum <"$3") | sha256sum | cut -c1-16
 }
 
 # The wheels to install are pinned in images/vllm-cpu/requirements.lock: downloading
@@ -130,7 +143,7 @@ resolve_lock() {
 step_image() {
   local pyver="$1" wh; wh="$(wheelhouse_dir "$pyver")"
   local base_id; base_id="$(docker image inspect -f '{{.Id}}' "$BASE_IMAGE")"
-  local key; key="$( (cd "$wh" && ls -l --time-style=+ ./*.whl | awk '{print $5, $NF}'; sha256sum "$dockerfile"; echo "$base_id") | sha256sum | cut -c1-16)"
+  local key; key="$(vllm_image_key "$wh" "$dockerfile" "$base_id")"
   if image_current "$VLLM_IMAGE" "$key"; then return; fi
   log "building the CPU vLLM backend image $VLLM_IMAGE (a few minutes)"
   local ctx; ctx="$(mktemp -d)"
@@ -167,7 +180,7 @@ step_convert_libs() {
 step_model() {
   local gguf="$models_dir/$gguf_name"
   [ -s "$gguf" ] || { log "missing $gguf: run tests/testbed/setup.sh first"; return 1; }
-  local key; key="$( (stat -c '%s' "$gguf"; echo "$gguf_name"; sha256sum "$converter") | sha256sum | cut -c1-16)"
+  local key; key="$(model_key "$gguf" "$gguf_name" "$converter")"
   if [ -s "$hf_dir/model.safetensors" ] && [ "$(cat "$hf_dir/.testbed-key" 2>/dev/null)" = "$key" ]; then return; fi
   log "converting $gguf_name to a safetensors folder $hf_dir"
   local libs; libs="$(step_convert_libs)"
@@ -239,4 +252,5 @@ main() {
   if [ "${1:-}" = "--smoke" ]; then smoke; fi
 }
 
-main "$@"
+# Sourced (tests/unit/test_testbed_keys.py computes the keys): define, do not run.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; fi

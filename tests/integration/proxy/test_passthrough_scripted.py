@@ -156,11 +156,39 @@ def test_fallback_prompt_floor_and_existing_system(make_proxy, chat):
                              "max_completion_tokens": 10})
     requests.post(url, json={"messages": [{"role": "developer", "content": "mine"}] + USER,
                              "tools": TOOLS, "max_tokens": 5000})
-    requests.post(url, json={"messages": USER, "max_tokens": 10})
+    requests.post(url, json={"messages": USER, "max_tokens": 10, "tool_choice": "none"})
     a, b, c = chat.requests
     assert a["messages"][0]["content"] == "fallback prompt" and a["max_completion_tokens"] == 1000
     assert b["messages"][0]["content"] == "mine" and b["max_tokens"] == 5000
-    assert c["max_tokens"] == 10, "no client tools: no floor"
+    assert "tools" not in c and c["max_tokens"] == 10, "no tools reach the backend: no floor"
+
+
+SEED_REGISTRY = [{"id": "qwen-38-27b", "object": "model", "aliases": ["qwen36"],
+                  "kind": "llamacpp", "max_tokens_floor": 512}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_floor_applies_to_the_injected_web_search(make_proxy, chat, stream):
+    """The seed's guard: a web_search call cut mid-argument is the same llama.cpp 500 as a
+    client tool's, so a request that only carries the injected tool gets the floor too."""
+    chat.models = SEED_REGISTRY
+    proxy = make_proxy(TOOL_MAX_TOKENS_FLOOR=1000)
+    chat.script(Reply(content="x"), Reply(content="y"))
+    url = proxy + "/v1/chat/completions"
+    r = requests.post(url, json={"model": "qwen36", "messages": USER, "max_tokens": 16,
+                                 "stream": stream})
+    assert r.status_code == 200
+    assert r.content
+    r = requests.post(url, json={"model": "other", "messages": USER, "max_tokens": 16,
+                                 "max_completion_tokens": 20000, "stream": stream})
+    assert r.status_code == 200
+    assert r.content
+    seed, other = chat.requests
+    assert [t["function"]["name"] for t in seed["tools"]] == ["web_search"]
+    assert seed["max_tokens"] == 512, "the model's floor from the registry"
+    assert [t["function"]["name"] for t in other["tools"]] == ["web_search"]
+    assert other["max_tokens"] == 1000, "TOOL_MAX_TOKENS_FLOOR for a model without one"
+    assert other["max_completion_tokens"] == 20000, "a larger limit stands"
 
 
 def test_models_unreachable_does_not_fail_chat(make_proxy, chat):
