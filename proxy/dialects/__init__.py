@@ -1,0 +1,86 @@
+"""Client dialects other than chat completions, over the one search engine:
+Anthropic Messages (`/v1/messages`) and OpenAI Responses (`/v1/responses`).
+
+`handle(dialect, ext, request)` serves one request: the request fixes in the dialect's
+shape, then either the search loop (when the client's own search tool is present and
+search is on) or the body straight to the backend, which speaks the dialect itself.
+"""
+from __future__ import annotations
+
+import json
+
+from flask import Response
+
+from common.streaming import forward_headers, relay
+
+from ..search.engine import Searcher
+from . import anthropic, responses
+from .base import parse_json_object, prepare
+
+MESSAGES_PATHS = ("/v1/messages", "/v1/v1/messages")
+
+
+class _Dialect:
+    def __init__(self, module, session, path, system_key, floor_keys, what):
+        self.module = module
+        self.session = session
+        self.path = path
+        self.system_key = system_key
+        self.floor_keys = floor_keys
+        self.what = what
+
+
+MESSAGES = _Dialect(anthropic, anthropic.MessagesSession, "/v1/messages", "system",
+                    ("max_tokens",), "an Anthropic Messages request with 'messages'")
+RESPONSES = _Dialect(responses, responses.ResponsesSession, "/v1/responses", "instructions",
+                     ("max_output_tokens",), "a Responses request with 'input'")
+
+
+def handle(d: _Dialect, ext: dict, request) -> Response:
+    settings = ext["settings"]
+    body = parse_json_object(request.get_data(), d.what)
+    d.module.validate(body)
+    prepare(body, settings=settings, catalog=ext["catalog"], system_key=d.system_key,
+            floor_keys=d.floor_keys)
+    stream = bool(body.get("stream"))
+    tool = d.module.search_tool(body)
+    if tool is not None and settings.WEB_SEARCH and settings.MAX_SEARCH_ITER > 0:
+        filters = tool.get("filters") if isinstance(tool.get("filters"), dict) else {}
+        searcher = Searcher(settings=settings, searx=ext["searx"], metrics=ext["metrics"],
+                            executor=ext["executor"], max_uses=tool.get("max_uses"),
+                            allowed=tool.get("allowed_domains") or filters.get("allowed_domains"),
+                            blocked=tool.get("blocked_domains") or filters.get("blocked_domains"))
+        s = d.session(body, settings=settings, upstream=ext["upstream"], searcher=searcher,
+                      headers=request.headers)
+        if not stream:
+            return d.module.run_nonstream(s)
+        first = s.call(stream=True)
+        if first.status_code != 200:
+            searcher.done()
+            content = first.content
+            first.close()
+            return Response(content, status=first.status_code,
+                            headers=forward_headers(first.headers))
+        return d.module.stream_response(s, first)
+    if tool is not None:
+        d.module.strip_search_tool(body)
+    data = json.dumps(body, ensure_ascii=False).encode()
+    r = ext["upstream"].request("POST", d.path, headers=forward_headers(request.headers),
+                                data=data, stream=True, environ=request.environ,
+                                read_body=not stream)
+    if stream:
+        return relay(r)
+    content = r.content
+    r.close()
+    return Response(content, status=r.status_code, headers=forward_headers(r.headers))
+
+
+def anthropic_errors(resp: Response, path: str) -> Response:
+    """Errors on /v1/messages in Anthropic's shape, whoever raised them."""
+    if resp.status_code < 400 or resp.is_streamed or not path.startswith(MESSAGES_PATHS):
+        return resp
+    body = anthropic.to_anthropic_error(resp.get_data(), resp.status_code)
+    if body is not None:
+        resp.set_data(body)
+        resp.mimetype = "application/json"
+    return resp
