@@ -80,8 +80,9 @@ def validate(body: dict) -> None:
     if not isinstance(msgs, list) or not msgs:
         bad("messages: a non-empty list of {role, content} is required")
     for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            bad(f"messages.{i}.role: must be 'user' or 'assistant'")
+        # roles are the backend's business (Claude Code sends "system" ones too)
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            bad(f"messages.{i}.role: must be a string")
         if not isinstance(m.get("content"), (str, list)):
             bad(f"messages.{i}.content: must be a string or a list of content blocks")
     if "tools" in body and not isinstance(body["tools"], list):

@@ -29,12 +29,17 @@ class ScriptedDialects(ScriptedChat):
         # errors on /v1/messages: "anthropic" (a backend speaking Messages) or "openai"
         # (the swapper's envelope, e.g. an unknown model)
         self.error_shape = "anthropic"
+        # responder(body, path) -> Reply: answers by looking at the request instead of
+        # replaying the script (for agents, whose request sequence is theirs to choose)
+        self.responder = None
         super().__init__(*a, **kw)
 
     def _next(self, body: dict):
         with self._lock:
             self.requests.append(body)
             self.paths.append(request.path)
+            if self.responder is not None:
+                return self.responder(body, request.path)
             return self.replies.pop(0) if self.replies else None
 
     def _make_app(self):

@@ -261,8 +261,9 @@ def test_search_off_strips_the_server_tool(make_proxy, chat, searx):
 
 @pytest.mark.parametrize("body,needle", [
     ({"model": "m", "max_tokens": 5}, "messages"),
-    ({"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
-     "role"),
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": 1, "content": "x"}]}, "role"),
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 1}]},
+     "content"),
     ({"model": "m", "max_tokens": "5", "messages": USER}, "max_tokens"),
     ({"model": "m", "max_tokens": 5, "messages": USER,
       "tools": [{**WEB, "max_uses": 0}]}, "max_uses"),
