@@ -271,8 +271,9 @@ def run_stream(s: ResponsesSession, first: requests.Response) -> Iterator[bytes]
 
     try:
         while True:
-            where: dict[int, int | None] = {}
-            items: dict[int, dict] = {}
+            where: dict = {}              # backend item key -> client index (None: held)
+            items: dict = {}              # backend item key -> the finished item
+            order: list = []              # backend item keys as they were added
             done_resp = None
             for name, obj in s.events(resp):
                 t = obj.get("type") or name or ""
@@ -291,10 +292,15 @@ def run_stream(s: ResponsesSession, first: requests.Response) -> Iterator[bytes]
                     yield from failed(str(err.get("message") or err)
                                       if isinstance(err, dict) else str(err), "upstream_error")
                     return
+                # the item's key: its output_index, or (llama-server sends none) its id
                 bi = obj.get("output_index")
                 if bi is None:
-                    continue
+                    item = obj.get("item") if isinstance(obj.get("item"), dict) else {}
+                    bi = item.get("id") or obj.get("item_id")
+                    if bi is None:
+                        continue
                 if t == "response.output_item.added":
+                    order.append(bi)
                     item = obj.get("item") or {}
                     if _is_ours(item):
                         where[bi] = None
@@ -313,8 +319,10 @@ def run_stream(s: ResponsesSession, first: requests.Response) -> Iterator[bytes]
                                     "content_index": ci, "annotation_index": ai,
                                     "annotation": a})
                 obj = {k: v for k, v in obj.items() if k != "sequence_number"}
+                if t.startswith(("response.content_part.", "response.output_text.")):
+                    obj.setdefault("content_index", 0)
                 yield emit({**obj, "output_index": where[bi]})
-            ordered = [items[i] for i in sorted(items)]
+            ordered = [items[k] for k in order if k in items]
             if done_resp is not None:
                 u = done_resp.get("usage") or {}
                 inp += u.get("input_tokens") or 0
@@ -324,7 +332,7 @@ def run_stream(s: ResponsesSession, first: requests.Response) -> Iterator[bytes]
             turn = turn_of(ordered, (done_resp or {}).get("status"))
             step = decide(turn, s.searcher.budget_left)
             if step is Step.SEARCH:
-                output += [it for i, it in sorted(items.items()) if where.get(i) is not None]
+                output += [items[k] for k in order if k in items and where.get(k) is not None]
                 calls = turn.ours
                 _client_ids(calls)
                 planned = s.searcher.start(calls)
@@ -369,7 +377,7 @@ def run_stream(s: ResponsesSession, first: requests.Response) -> Iterator[bytes]
             if step is Step.EXHAUSTED:
                 yield from failed(s.searcher.exhausted_message(), "search_budget_exhausted")
                 return
-            output += [it for i, it in sorted(items.items()) if where.get(i) is not None]
+            output += [items[k] for k in order if k in items and where.get(k) is not None]
             status = (done_resp or {}).get("status") or "completed"
             final = {**(head or {"id": new_id("resp_"), "object": "response",
                                  "created_at": int(time.time()), "model": s.body.get("model")}),

@@ -32,6 +32,9 @@ class ScriptedDialects(ScriptedChat):
         # responder(body, path) -> Reply: answers by looking at the request instead of
         # replaying the script (for agents, whose request sequence is theirs to choose)
         self.responder = None
+        # Responses events as llama.cpp's llama-server sends them: no output_index,
+        # content_index or sequence_number (items are named by id only)
+        self.llama_style = False
         super().__init__(*a, **kw)
 
     def _next(self, body: dict):
@@ -183,6 +186,9 @@ class ScriptedDialects(ScriptedChat):
 
         def ev(obj):
             obj = {**obj, "sequence_number": next(seq)}
+            if self.llama_style:
+                for k in ("output_index", "content_index", "sequence_number"):
+                    obj.pop(k, None)
             out.append(_sse(obj["type"], obj))
 
         ev({"type": "response.created", "response": self._response(r, rid, "in_progress", [])})

@@ -91,6 +91,21 @@ def test_one_search_round(proxy, chat, searx, stream, tool):
         assert not any(e.type.startswith("response.function_call") for e in events)
 
 
+def test_stream_from_backend_without_output_index(proxy, chat, searx):
+    """llama-server's Responses events name items by id only: the client still gets
+    every event, numbered and indexed."""
+    chat.llama_style = True
+    chat.script(Reply(content="Checking.", tool_calls=[search("a")]), Reply(content="done [1]"))
+    resp, events = ask(proxy, True)
+    assert types(resp) == ["message", "web_search_call", "message"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert "".join(e.delta for e in deltas) == "Checking.done [1]"
+    assert [e.output_index for e in deltas] == [0] * 3 + [2] * 2
+    assert all(e.content_index == 0 for e in deltas)
+    assert resp.output[2].content[0].annotations[0].url == "https://example.com/a/0"
+
+
 def test_stream_helper(proxy, chat, searx):
     chat.script(Reply(content="Checking.", tool_calls=[search("a")]), Reply(content="done [1]"))
     with client(proxy).responses.stream(model="scripted-model", input="q",
