@@ -132,15 +132,15 @@ class MessagesSession(DialectSession):
         tools = self.tools
         if not self.searcher.budget_left:
             tools = [t for t in tools if t.get("name") != TOOL_NAME]
-        if tools:
-            b["tools"] = tools
-        else:
+        if not tools:
             b.pop("tool_choice", None)
-        if self.searcher.rounds and self.forced or \
-                (isinstance(b.get("tool_choice"), dict) and b["tool_choice"].get("name")
-                 and not any(t.get("name") == b["tool_choice"]["name"] for t in tools)):
-            if "tools" in b:
-                b["tool_choice"] = {"type": "auto"}
+            return b
+        b["tools"] = tools
+        tc = b.get("tool_choice")
+        if isinstance(tc, dict) and (
+                self.searcher.rounds and self.forced     # forcing every round never ends
+                or tc.get("name") and tc["name"] not in [t.get("name") for t in tools]):
+            b["tool_choice"] = {"type": "auto"}
         return b
 
     def record(self, blocks: list[dict], searches: list[Search]) -> None:

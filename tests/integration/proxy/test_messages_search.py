@@ -327,3 +327,10 @@ def test_stream_backend_break_mid_round_is_an_error_event(proxy, chat, searx):
     evs = raw_events(proxy, {})
     assert evs[-1][0] == "error"
     assert "upstream stream failed" in evs[-1][1]["error"]["message"]
+
+
+def test_forced_search_is_forced_once(proxy, chat, searx):
+    chat.script(Reply(tool_calls=[search("a")]), Reply(content="ok"))
+    ask(proxy, False, tool_choice={"type": "tool", "name": "web_search"})
+    assert chat.requests[0]["tool_choice"] == {"type": "tool", "name": "web_search"}
+    assert chat.requests[1]["tool_choice"] == {"type": "auto"}

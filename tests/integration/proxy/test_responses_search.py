@@ -185,3 +185,11 @@ def test_bad_request_openai_envelope(proxy, chat):
     assert r.json()["error"]["param"] == "input" and "'input' is required" in \
         r.json()["error"]["message"]
     assert chat.requests == []
+
+
+def test_forced_search_is_forced_once(proxy, chat, searx):
+    chat.script(Reply(tool_calls=[search("a")]), Reply(content="ok"))
+    ask(proxy, False, tool_choice={"type": "web_search_preview"},
+        tools=[{"type": "web_search_preview"}])
+    assert chat.requests[0]["tool_choice"] == {"type": "function", "name": "web_search"}
+    assert chat.requests[1]["tool_choice"] == "auto"
