@@ -38,9 +38,10 @@ RESPONSES = _Dialect(responses, responses.ResponsesSession, "/v1/responses", "in
 
 def handle(d: _Dialect, ext: dict, request) -> Response:
     settings = ext["settings"]
-    body = parse_json_object(request.get_data(), d.what)
+    raw = request.get_data()
+    body = parse_json_object(raw, d.what)
     d.module.validate(body)
-    prepare(body, settings=settings, catalog=ext["catalog"], system_key=d.system_key,
+    changed = prepare(body, settings=settings, catalog=ext["catalog"], system_key=d.system_key,
             floor_keys=d.floor_keys)
     stream = bool(body.get("stream"))
     tool = d.module.search_tool(body)
@@ -64,7 +65,8 @@ def handle(d: _Dialect, ext: dict, request) -> Response:
         return d.module.stream_response(s, first)
     if tool is not None:
         d.module.strip_search_tool(body)
-    data = json.dumps(body, ensure_ascii=False).encode()
+    # nothing to change: the client's bytes, as they came
+    data = json.dumps(body, ensure_ascii=False).encode() if changed or tool else raw
     r = ext["upstream"].request("POST", d.path, headers=forward_headers(request.headers),
                                 data=data, stream=True, environ=request.environ,
                                 read_body=not stream)

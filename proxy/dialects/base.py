@@ -39,20 +39,24 @@ def parse_json_object(raw: bytes, what: str) -> dict:
     return body
 
 
-def prepare(body: dict, *, settings, catalog, system_key: str, floor_keys: tuple) -> None:
+def prepare(body: dict, *, settings, catalog, system_key: str, floor_keys: tuple) -> bool:
     """Default model, system prompt and tool token floor, in the dialect's own fields
     (Anthropic: top-level `system`, `max_tokens`; Responses: `instructions`,
-    `max_output_tokens`)."""
+    `max_output_tokens`). True when the body changed."""
+    changed = False
     if settings.DEFAULT_MODEL and not body.get("model"):
         body["model"] = settings.DEFAULT_MODEL
+        changed = True
     model = body.get("model") if isinstance(body.get("model"), str) else None
     if settings.INJECT_SYSTEM and not body.get(system_key):
         text = catalog.lookup(model).get("system_prompt") or settings.SYSTEM_PROMPT
         if text:
             body[system_key] = text
+            changed = True
     if body.get("tools"):
         floor = catalog.lookup(model).get("max_tokens_floor") or settings.TOOL_MAX_TOKENS_FLOOR
-        normalize.apply_token_floor(body, floor, keys=floor_keys)
+        changed |= normalize.apply_token_floor(body, floor, keys=floor_keys)
+    return changed
 
 
 class DialectSession:

@@ -26,6 +26,7 @@ def _sse(name: str, obj: dict) -> bytes:
 class ScriptedDialects(ScriptedChat):
     def __init__(self, *a, **kw):
         self.paths: list[str] = []
+        self.raw: list[bytes] = []       # the bodies' bytes as they arrived
         # errors on /v1/messages: "anthropic" (a backend speaking Messages) or "openai"
         # (the swapper's envelope, e.g. an unknown model)
         self.error_shape = "anthropic"
@@ -41,6 +42,7 @@ class ScriptedDialects(ScriptedChat):
         with self._lock:
             self.requests.append(body)
             self.paths.append(request.path)
+            self.raw.append(request.get_data())
             if self.responder is not None:
                 return self.responder(body, request.path)
             return self.replies.pop(0) if self.replies else None

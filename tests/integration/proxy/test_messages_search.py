@@ -334,3 +334,17 @@ def test_forced_search_is_forced_once(proxy, chat, searx):
     ask(proxy, False, tool_choice={"type": "tool", "name": "web_search"})
     assert chat.requests[0]["tool_choice"] == {"type": "tool", "name": "web_search"}
     assert chat.requests[1]["tool_choice"] == {"type": "auto"}
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
+def test_plain_request_bytes_unchanged(proxy, chat, path):
+    """Nothing to do (no search tool, system prompt off, no floor): the backend gets
+    the client's bytes as they came, and its answer comes back as it went."""
+    chat.script(Reply(content="hi back"))
+    raw = (b'{"model":"m",  "max_tokens": 9, "input": "x", "extra": {"keep": [1, 2]},'
+           b' "messages":[{"role":"user","content":"hi"}]}')
+    r = requests.post(proxy + path, data=raw, headers={"Content-Type": "application/json"},
+                      timeout=10)
+    assert r.status_code == 200
+    assert chat.raw == [raw]
+    assert "hi back" in r.text
