@@ -14,7 +14,7 @@ from flask import Response
 from common.streaming import forward_headers, relay
 
 from ..search.engine import Searcher
-from . import anthropic, responses
+from . import anthropic, responses, translate
 from .base import parse_json_object, prepare
 
 MESSAGES_PATHS = ("/v1/messages", "/v1/v1/messages")
@@ -45,6 +45,7 @@ def handle(d: _Dialect, ext: dict, request) -> Response:
             floor_keys=d.floor_keys)
     stream = bool(body.get("stream"))
     tool = d.module.search_tool(body)
+    chat_only = ext.setdefault("chat_only", set())   # (path, model) whose backend lacks it
     if tool is not None and settings.WEB_SEARCH and settings.MAX_SEARCH_ITER > 0:
         filters = tool.get("filters") if isinstance(tool.get("filters"), dict) else {}
         searcher = Searcher(settings=settings, searx=ext["searx"], metrics=ext["metrics"],
@@ -52,7 +53,7 @@ def handle(d: _Dialect, ext: dict, request) -> Response:
                             allowed=tool.get("allowed_domains") or filters.get("allowed_domains"),
                             blocked=tool.get("blocked_domains") or filters.get("blocked_domains"))
         s = d.session(body, settings=settings, upstream=ext["upstream"], searcher=searcher,
-                      headers=request.headers)
+                      headers=request.headers, chat_only=chat_only)
         if not stream:
             return d.module.run_nonstream(s)
         first = s.call(stream=True)
@@ -67,10 +68,10 @@ def handle(d: _Dialect, ext: dict, request) -> Response:
         d.module.strip_search_tool(body)
     # nothing to change: the client's bytes, as they came
     data = json.dumps(body, ensure_ascii=False).encode() if changed or tool else raw
-    r = ext["upstream"].request("POST", d.path, headers=forward_headers(request.headers),
-                                data=data, stream=True, environ=request.environ,
-                                read_body=not stream)
-    if stream:
+    r = translate.send(ext["upstream"], d.path, body, data,
+                       headers=forward_headers(request.headers), stream=stream,
+                       chat_only=chat_only, environ=request.environ)
+    if stream and r.status_code == 200:
         return relay(r)
     content = r.content
     r.close()

@@ -306,6 +306,7 @@ def run_stream(s: MessagesSession, first: requests.Response) -> Iterator[bytes]:
             blocks: dict[int, dict] = {}      # backend index -> block as it builds up
             where: dict[int, int | None] = {}  # backend index -> client index (None: held)
             stop = {}
+            round_in = 0
             for name, obj in s.events(resp):
                 t = obj.get("type") or name
                 if t == "error":
@@ -316,7 +317,7 @@ def run_stream(s: MessagesSession, first: requests.Response) -> Iterator[bytes]:
                 if t == "message_start":
                     m = obj.get("message") or {}
                     u = m.get("usage") or {}
-                    inp += u.get("input_tokens") or 0
+                    round_in = u.get("input_tokens") or 0
                     if not started:
                         started = True
                         m = {**m, "content": [],
@@ -365,12 +366,16 @@ def run_stream(s: MessagesSession, first: requests.Response) -> Iterator[bytes]:
                     continue
                 if t == "message_delta":
                     stop = obj.get("delta") or {}
-                    out += (obj.get("usage") or {}).get("output_tokens") or 0
+                    u = obj.get("usage") or {}
+                    out += u.get("output_tokens") or 0
+                    # input tokens come in message_start, or (translated) only here
+                    round_in = max(round_in, u.get("input_tokens") or 0)
                     continue
                 if t == "message_stop":
                     break
                 if t == "ping":
                     yield event("ping", {"type": "ping"})
+            inp += round_in
             ordered = [blocks[i] for i in sorted(blocks)]
             for b in ordered:
                 if b.get("type") == "tool_use":

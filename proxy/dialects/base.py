@@ -13,6 +13,7 @@ from common.streaming import forward_headers
 
 from .. import normalize
 from ..search.engine import Searcher, TOOL_NAME
+from . import translate
 
 __all__ = ["DialectSession", "event", "prepare", "TOOL_NAME", "parse_json_object"]
 
@@ -63,8 +64,10 @@ class DialectSession:
     """One client request with search: the backend path, headers, and the Searcher."""
     path = ""
 
-    def __init__(self, body: dict, *, settings, upstream, searcher: Searcher, headers):
+    def __init__(self, body: dict, *, settings, upstream, searcher: Searcher, headers,
+                 chat_only: set):
         self.body = body
+        self.chat_only = chat_only
         self.settings = settings
         self.upstream = upstream
         self.searcher = searcher
@@ -76,9 +79,10 @@ class DialectSession:
         raise NotImplementedError
 
     def call(self, stream: bool) -> requests.Response:
-        data = json.dumps(self.round_body(stream), ensure_ascii=False).encode()
-        return self.upstream.request("POST", self.path, headers=self.headers, data=data,
-                                     stream=stream, read_body=not stream)
+        body = self.round_body(stream)
+        data = json.dumps(body, ensure_ascii=False).encode()
+        return translate.send(self.upstream, self.path, body, data, headers=self.headers,
+                              stream=stream, chat_only=self.chat_only)
 
     def events(self, resp: requests.Response) -> Iterator[tuple[str | None, dict]]:
         """The backend's SSE events as (event name, JSON object); ends at [DONE]."""

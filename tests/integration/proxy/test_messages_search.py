@@ -299,6 +299,8 @@ def test_not_json_and_backend_errors_in_anthropic_shape(proxy, chat):
     chat.script(Reply(status=404, error="model 'nope' not found"))
     with pytest.raises(anthropic.NotFoundError):
         client(proxy).messages.create(model="nope", max_tokens=5, messages=USER)
+    # an unknown model's 404 is the answer, not a sign the backend lacks /v1/messages
+    assert len(chat.requests) == 1, "nothing was sent to chat completions"
     chat.script(Reply(status=503, error="loading"))
     r = requests.post(proxy + "/v1/messages", timeout=10, json={
         "model": "m", "max_tokens": 5, "messages": USER, "stream": True, "tools": [WEB]})
