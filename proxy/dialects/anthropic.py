@@ -375,6 +375,9 @@ def run_stream(s: MessagesSession, first: requests.Response) -> Iterator[bytes]:
                     break
                 if t == "ping":
                     yield event("ping", {"type": "ping"})
+            if not stop:
+                yield _error_event("the upstream stream ended before message_delta", 502)
+                return
             inp += round_in
             ordered = [blocks[i] for i in sorted(blocks)]
             for b in ordered:

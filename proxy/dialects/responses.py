@@ -278,8 +278,8 @@ def run_stream(s: ResponsesSession, first: requests.Response) -> Iterator[bytes]
             for name, obj in s.events(resp):
                 t = obj.get("type") or name or ""
                 if t in ("response.created", "response.in_progress"):
-                    if head is None or t == "response.in_progress" and s.searcher.rounds == 0:
-                        if t == "response.created":
+                    if s.searcher.rounds == 0:          # later rounds: one response
+                        if head is None:
                             head = {k: v for k, v in (obj.get("response") or {}).items()
                                     if k not in ("output", "usage")}
                         yield emit({**obj, "response": {**head, "output": []}})
@@ -322,6 +322,10 @@ def run_stream(s: ResponsesSession, first: requests.Response) -> Iterator[bytes]
                 if t.startswith(("response.content_part.", "response.output_text.")):
                     obj.setdefault("content_index", 0)
                 yield emit({**obj, "output_index": where[bi]})
+            if done_resp is None:
+                yield from failed("the upstream stream ended before response.completed",
+                                  "upstream_stream_truncated")
+                return
             ordered = [items[k] for k in order if k in items]
             if done_resp is not None:
                 u = done_resp.get("usage") or {}

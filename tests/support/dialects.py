@@ -36,6 +36,8 @@ class ScriptedDialects(ScriptedChat):
         # Responses events as llama.cpp's llama-server sends them: no output_index,
         # content_index or sequence_number (items are named by id only)
         self.llama_style = False
+        # end dialect streams cleanly after this many events (a truncated answer)
+        self.truncate_after: int | None = None
         super().__init__(*a, **kw)
 
     def _next(self, body: dict):
@@ -145,6 +147,7 @@ class ScriptedDialects(ScriptedChat):
                                                "stop_sequence": None},
             "usage": {"output_tokens": 5}}))
         out.append(_sse("message_stop", {"type": "message_stop"}))
+        out = out[:self.truncate_after]
         for i, b in enumerate(out):
             if r.break_after is not None and i >= r.break_after:
                 raise ConnectionAbortedError("scripted stream break")
@@ -224,6 +227,7 @@ class ScriptedDialects(ScriptedChat):
                 ev({"type": "response.output_item.added", "output_index": oi, "item": it})
             ev({"type": "response.output_item.done", "output_index": oi, "item": it})
         ev({"type": "response.completed", "response": self._response(r, rid, "completed", items)})
+        out = out[:self.truncate_after]
         for i, b in enumerate(out):
             if r.break_after is not None and i >= r.break_after:
                 raise ConnectionAbortedError("scripted stream break")

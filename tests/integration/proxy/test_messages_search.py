@@ -350,3 +350,12 @@ def test_plain_request_bytes_unchanged(proxy, chat, path):
     assert r.status_code == 200
     assert chat.raw == [raw]
     assert "hi back" in r.text
+
+
+def test_stream_that_ends_early_is_an_error_not_an_answer(proxy, chat, searx):
+    chat.truncate_after = 6             # text deltas went out, no message_delta
+    chat.script(Reply(content="half an answer"))
+    evs = raw_events(proxy, {})
+    assert evs[-1][0] == "error" and "ended before message_delta" in \
+        evs[-1][1]["error"]["message"]
+    assert "message_stop" not in [n for n, _ in evs]

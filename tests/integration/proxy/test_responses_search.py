@@ -193,3 +193,11 @@ def test_forced_search_is_forced_once(proxy, chat, searx):
         tools=[{"type": "web_search_preview"}])
     assert chat.requests[0]["tool_choice"] == {"type": "function", "name": "web_search"}
     assert chat.requests[1]["tool_choice"] == "auto"
+
+
+def test_stream_that_ends_early_fails(proxy, chat, searx):
+    chat.truncate_after = 6
+    chat.script(Reply(content="half an answer"))
+    resp, events = ask(proxy, True)
+    assert resp.status == "failed" and resp.error.code == "upstream_stream_truncated"
+    assert "response.completed" not in [e.type for e in events]
