@@ -196,7 +196,7 @@ def test_forced_search_is_forced_once(proxy, chat, searx):
 
 
 def test_stream_that_ends_early_fails(proxy, chat, searx):
-    chat.truncate_after = 6
+    chat.truncate_after = 11            # the whole message item, no response.completed
     chat.script(Reply(content="half an answer"))
     resp, events = ask(proxy, True)
     assert resp.status == "failed" and resp.error.code == "upstream_stream_truncated"
