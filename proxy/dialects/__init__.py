@@ -8,6 +8,8 @@ search is on) or the body straight to the backend, which speaks the dialect itse
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Any
 
 from flask import Response
 
@@ -20,14 +22,14 @@ from .base import parse_json_object, prepare
 MESSAGES_PATHS = ("/v1/messages", "/v1/v1/messages")
 
 
+@dataclass(frozen=True)
 class _Dialect:
-    def __init__(self, module, session, path, system_key, floor_keys, what):
-        self.module = module
-        self.session = session
-        self.path = path
-        self.system_key = system_key
-        self.floor_keys = floor_keys
-        self.what = what
+    module: Any                 # validate, search_tool, strip_search_tool, run_*, stream_*
+    session: type               # its DialectSession
+    path: str                   # the backend path
+    system_key: str             # where the system prompt goes
+    floor_keys: tuple           # which limits the tool token floor raises
+    what: str                   # for "body is empty" errors
 
 
 MESSAGES = _Dialect(anthropic, anthropic.MessagesSession, "/v1/messages", "system",
@@ -41,8 +43,8 @@ def handle(d: _Dialect, ext: dict, request) -> Response:
     raw = request.get_data()
     body = parse_json_object(raw, d.what)
     d.module.validate(body)
-    changed = prepare(body, settings=settings, catalog=ext["catalog"], system_key=d.system_key,
-            floor_keys=d.floor_keys)
+    changed = prepare(body, settings=settings, catalog=ext["catalog"],
+                      system_key=d.system_key, floor_keys=d.floor_keys)
     stream = bool(body.get("stream"))
     tool = d.module.search_tool(body)
     chat_only = ext.setdefault("chat_only", set())   # (path, model) whose backend lacks it
