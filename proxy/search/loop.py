@@ -1,4 +1,6 @@
-"""The model <-> SearXNG loop, non-streaming and streaming.
+"""The model <-> SearXNG loop for chat completions, non-streaming and streaming: the
+chat dialect's adapter over the shared engine (search/engine.py: Turn, decide,
+Searcher), as proxy/dialects/ are for Anthropic Messages and OpenAI Responses.
 
 One `SearchSession` per client chat request that got the web_search tool injected.
 Its `messages` list is the internal history: assistant turns with our web_search
@@ -142,7 +144,9 @@ def turn_of(msg: dict, finish=None) -> Turn:
     t = Turn()
     t.text(msg.get("content") if isinstance(msg.get("content"), str) else None)
     for i, c in enumerate(msg.get("tool_calls") or []):
-        fn = c.get("function") or {} if isinstance(c, dict) else {}
+        if not isinstance(c, dict):
+            continue
+        fn = c.get("function") if isinstance(c.get("function"), dict) else {}
         args = fn.get("arguments")
         t.call(i, c.get("id"), fn.get("name") or "")
         t.args(i, args if isinstance(args, str) else json.dumps(args or {}))
