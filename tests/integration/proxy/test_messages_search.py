@@ -359,3 +359,17 @@ def test_stream_that_ends_early_is_an_error_not_an_answer(proxy, chat, searx):
     assert evs[-1][0] == "error" and "ended before message_delta" in \
         evs[-1][1]["error"]["message"]
     assert "message_stop" not in [n for n, _ in evs]
+
+
+@STREAM
+def test_metrics_count_dialect_searches(proxy, chat, searx, stream):
+    chat.script(Reply(tool_calls=[search("a"), search("b")]), Reply(content="x"))
+    ask(proxy, stream)
+    chat.script(Reply(tool_calls=[search("c")]), Reply(content="y"))
+    requests.post(proxy + "/v1/responses", timeout=30, json={
+        "model": "m", "input": "q", "tools": [{"type": "web_search"}], "stream": stream})
+    m = requests.get(proxy + "/metrics").text
+    assert "proxy_searches_total 3" in m
+    assert "proxy_search_rounds_count 2" in m and "proxy_search_rounds_sum 2" in m
+    assert 'proxy_requests_total{route="/v1/messages",method="POST",status="200"} 1' in m
+    assert 'proxy_requests_total{route="/v1/responses",method="POST",status="200"} 1' in m
