@@ -51,6 +51,7 @@ def test_claude_code_web_search(stack, tmp_path):
     p = run([cli("claude"), "-p", PROMPT, "--max-turns", "4", "--allowedTools", "WebSearch"],
             tmp_path, {"ANTHROPIC_BASE_URL": proxy.url, "ANTHROPIC_AUTH_TOKEN": "x",
                        "ANTHROPIC_MODEL": "scripted-model",
+                       "ANTHROPIC_DEFAULT_HAIKU_MODEL": "scripted-model",
                        "ANTHROPIC_SMALL_FAST_MODEL": "scripted-model",
                        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                        "DISABLE_AUTOUPDATER": "1"})
