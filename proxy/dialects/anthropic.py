@@ -85,8 +85,16 @@ def validate(body: dict) -> None:
             bad(f"messages.{i}.role: must be a string")
         if not isinstance(m.get("content"), (str, list)):
             bad(f"messages.{i}.content: must be a string or a list of content blocks")
+        for j, b in enumerate(m["content"] if isinstance(m["content"], list) else []):
+            if not isinstance(b, dict) or not isinstance(b.get("type"), str):
+                bad(f"messages.{i}.content.{j}: must be a content block with a 'type'")
+    if body.get("system") is not None and not isinstance(body["system"], (str, list)):
+        bad("system: must be a string or a list of text blocks")
     if "tools" in body and not isinstance(body["tools"], list):
         bad("tools: must be a list")
+    for i, t in enumerate(body.get("tools") or []):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            bad(f"tools.{i}: must be a tool with a 'name'")
     mt = body.get("max_tokens")
     if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
         bad("max_tokens: must be a positive integer")

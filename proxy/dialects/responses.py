@@ -48,6 +48,12 @@ def validate(body: dict) -> None:
         bad("'input' is required: a string or a list of input items", "input")
     if "tools" in body and not isinstance(body["tools"], list):
         bad("'tools' must be a list", "tools")
+    for i, t in enumerate(body.get("tools") or []):
+        if not isinstance(t, dict) or not isinstance(t.get("type"), str):
+            bad(f"tools[{i}] must be a tool object with a 'type'", f"tools[{i}]")
+    for i, it in enumerate(body["input"] if isinstance(body["input"], list) else []):
+        if not isinstance(it, dict):
+            bad(f"input[{i}] must be an input item object", f"input[{i}]")
     mt = body.get("max_output_tokens")
     if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
         bad("'max_output_tokens' must be a positive integer", "max_output_tokens")

@@ -58,6 +58,7 @@ def test_claude_code_web_search(stack, tmp_path):
     assert f"ANSWER: the changelog is at {URL}" in p.stdout
     assert searx.queries == [QUERY]
     assert set(model.paths) == {"/v1/messages"}
+    assert all(b.get("stream") for b in model.requests), "Claude Code streams"
     # Claude Code's WebSearch call: the backend got our plain tool, never the server tool
     sub = [b for b in model.requests if [t.get("name") for t in b.get("tools") or []]
            == ["web_search"]]

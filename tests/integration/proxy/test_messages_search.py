@@ -267,6 +267,10 @@ def test_search_off_strips_the_server_tool(make_proxy, chat, searx):
     ({"model": "m", "max_tokens": "5", "messages": USER}, "max_tokens"),
     ({"model": "m", "max_tokens": 5, "messages": USER,
       "tools": [{**WEB, "max_uses": 0}]}, "max_uses"),
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": ["hi"]}]},
+     "messages.0.content.0"),
+    ({"model": "m", "max_tokens": 5, "messages": USER, "system": 3}, "system"),
+    ({"model": "m", "max_tokens": 5, "messages": USER, "tools": ["Bash"]}, "tools.0"),
 ])
 def test_bad_requests_in_anthropic_shape(proxy, chat, body, needle):
     r = requests.post(proxy + "/v1/messages", json=body, timeout=10)

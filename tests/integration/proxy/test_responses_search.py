@@ -179,11 +179,18 @@ def test_plain_request_passes_through(proxy, chat):
     assert chat.requests[0]["input"] == "hi" and "tools" not in chat.requests[0]
 
 
-def test_bad_request_openai_envelope(proxy, chat):
-    r = requests.post(proxy + "/v1/responses", json={"model": "m"}, timeout=10)
+@pytest.mark.parametrize("body,param", [
+    ({"model": "m"}, "input"),
+    ({"model": "m", "input": 5}, "input"),
+    ({"model": "m", "input": ["hi"]}, "input[0]"),
+    ({"model": "m", "input": "hi", "tools": [{"name": "x"}]}, "tools[0]"),
+    ({"model": "m", "input": "hi", "max_output_tokens": "9"}, "max_output_tokens"),
+])
+def test_bad_request_openai_envelope(proxy, chat, body, param):
+    r = requests.post(proxy + "/v1/responses", json=body, timeout=10)
     assert r.status_code == 400
-    assert r.json()["error"]["param"] == "input" and "'input' is required" in \
-        r.json()["error"]["message"]
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error"
     assert chat.requests == []
 
 
