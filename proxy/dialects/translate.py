@@ -380,7 +380,11 @@ def stream_responses(resp: requests.Response, model) -> Iterator[bytes]:
         if cur is None:
             return []
         oi, out = len(output), []
-        if cur["type"] == "message":
+        if cur["type"] == "reasoning":
+            cur["content"] = [{"type": "reasoning_text", "text": text}]
+            out.append(ev({"type": "response.reasoning_text.done", "item_id": cur["id"],
+                           "output_index": oi, "content_index": 0, "text": text}))
+        elif cur["type"] == "message":
             part = {"type": "output_text", "text": text, "annotations": []}
             cur["content"] = [part]
             out += [ev({"type": "response.output_text.done", "item_id": cur["id"],
@@ -412,6 +416,17 @@ def stream_responses(resp: requests.Response, model) -> Iterator[bytes]:
             usage = obj["usage"]
         for ch in obj.get("choices") or []:
             d = ch.get("delta") or {}
+            r = d.get("reasoning_content") or d.get("reasoning")
+            if r:
+                if cur is None or cur["type"] != "reasoning":
+                    yield from close()
+                    cur = {"type": "reasoning", "id": new_id("rs_"), "summary": [],
+                           "content": []}
+                    yield ev({"type": "response.output_item.added",
+                              "output_index": len(output), "item": dict(cur)})
+                text += r
+                yield ev({"type": "response.reasoning_text.delta", "item_id": cur["id"],
+                          "output_index": len(output), "content_index": 0, "delta": r})
             if d.get("content"):
                 if cur is None or cur["type"] != "message":
                     yield from close()

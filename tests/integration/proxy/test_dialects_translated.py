@@ -161,3 +161,12 @@ def test_chat_errors_in_the_dialects_shape(proxy, chat, path):
                                                        "message": "loading"}}
     else:
         assert r.json()["error"]["message"] == "loading"
+
+
+@STREAM
+def test_responses_reasoning_item(proxy, chat, stream):
+    chat.script(Reply(reasoning="think first", content="then answer"))
+    resp = response(proxy, stream)
+    assert [i.type for i in resp.output] == ["reasoning", "message"]
+    assert resp.output[0].content[0].text == "think first"
+    assert resp.output_text == "then answer"
