@@ -13,7 +13,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from common.errors import ApiError, error_response, install_error_handlers
 from common.streaming import forward_headers, iter_upstream, relay
 
-from . import normalize
+from . import dialects, normalize
 from .metrics import Metrics
 from .search import loop
 from .search.searxng import SearxngClient
@@ -81,6 +81,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @app.after_request
     def _after(resp: Response):
+        resp = dialects.anthropic_errors(resp, request.path)
         route = route_label(request.path)
         metrics.request(route, request.method, resp.status_code)
         t0 = g.get("t0")
@@ -160,6 +161,16 @@ def create_app(settings: Settings | None = None) -> Flask:
         r.close()
         return Response(content, status=r.status_code, headers=forward_headers(r.headers))
 
+    # Anthropic Messages (Claude Code) and OpenAI Responses (Codex). /v1/v1/messages:
+    # the anthropic SDK appends /v1/messages to its base URL, so base_url=<proxy>/v1
+    # (the form the OpenAI SDK wants) must work too.
+    ext = app.extensions["proxy"]
+    for path in dialects.MESSAGES_PATHS:
+        app.add_url_rule(path, "messages" + path.replace("/", "_"), methods=["POST"],
+                         view_func=lambda: dialects.handle(dialects.MESSAGES, ext, request))
+    app.add_url_rule("/v1/responses", "responses", methods=["POST"],
+                     view_func=lambda: dialects.handle(dialects.RESPONSES, ext, request))
+
     # ------------------------------------------------------------ pass-through
 
     def passthrough(**_):
@@ -168,6 +179,8 @@ def create_app(settings: Settings | None = None) -> Flask:
         if not target.startswith("/"):           # absent, or absolute-form request target
             target = request.full_path
         path, _, query = target.partition("?")
+        if path.startswith(dialects.MESSAGES_PATHS[1]):   # anthropic SDK, base_url=.../v1
+            path = path[3:]
         data = request.get_data() if request.method not in ("GET", "HEAD") else None
         r = upstream.request(request.method, path, query=query,
                              headers=forward_headers(request.headers), data=data or None,
@@ -175,6 +188,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         return relay(r)
 
     app.add_url_rule("/v1/<path:rest>", "v1", passthrough, methods=ALL_METHODS)
+
     for i, rule in enumerate(ADMIN_ROUTES):
         app.add_url_rule(rule, f"admin{i}", passthrough, methods=ALL_METHODS)
 

@@ -85,7 +85,8 @@ def inject_system_prompt(body: dict, text: str | None) -> bool:
     return True
 
 
-def apply_token_floor(body: dict, floor: int | None) -> bool:
+def apply_token_floor(body: dict, floor: int | None,
+                      keys=("max_tokens", "max_completion_tokens")) -> bool:
     """With tools present, raise a too-small max_tokens / max_completion_tokens to floor.
 
     An unset limit stays unset (the backend's default is usually larger than any floor),
@@ -94,7 +95,7 @@ def apply_token_floor(body: dict, floor: int | None) -> bool:
     if not floor or not body.get("tools"):
         return False
     changed = False
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in keys:
         v = body.get(key)
         if isinstance(v, int) and 0 < v < floor:
             body[key] = floor

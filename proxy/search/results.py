@@ -18,6 +18,8 @@ class Source:
     n: int
     title: str
     url: str
+    date: str = ""           # YYYY-MM-DD when the engine gave one
+    snippet: str = ""
 
 
 def _clean(text, limit: int) -> str:
@@ -44,11 +46,17 @@ class Sources:
 
     def format(self, out: SearchOutcome) -> str:
         """The tool message for one query."""
+        return self.format_with(out)[0]
+
+    def format_with(self, out: SearchOutcome) -> tuple[str, list[Source]]:
+        """The tool message for one query, and the sources of its results (a result
+        already shown by an earlier search keeps its number)."""
         q = _clean(out.query, 200)
+        found: list[Source] = []
         if not out.ok:
             return (f'Web search for "{q}" failed: {out.message}. Do not retry the search '
                     "right away; answer from what you already know and tell the user that "
-                    "web search was unavailable.")
+                    "web search was unavailable."), found
         lines = [f'Web search results for "{q}":']
         for a in out.answers:
             lines.append(f"Direct answer: {_clean(a, self.snippet_chars)}")
@@ -67,9 +75,12 @@ class Sources:
             key = _url_key(url)
             if key in self._by_key:
                 dupes += 1
+                found.append(self._by_key[key])
                 continue
-            src = Source(len(self.items) + 1, _clean(r.get("title") or url, TITLE_CHARS), url)
+            src = Source(len(self.items) + 1, _clean(r.get("title") or url, TITLE_CHARS), url,
+                         _date(r), _clean(r.get("content") or "", self.snippet_chars))
             self.items.append(src)
+            found.append(src)
             self._by_key[key] = src
             shown += 1
             lines.append(f"[{src.n}] {src.title}")
@@ -87,7 +98,7 @@ class Sources:
                 lines.append("Suggestions: " + ", ".join(out.suggestions))
         elif shown:
             lines.append("Cite the sources you use as [n].")
-        return "\n".join(lines)
+        return "\n".join(lines), found
 
     def block(self, answer: str | None = None) -> str:
         """`Sources:` block for the final answer: the sources the answer cites as [n],

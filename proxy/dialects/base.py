@@ -1,0 +1,103 @@
+"""What the Anthropic Messages and OpenAI Responses adapters share: one backend call
+per round in the client's own dialect, the search engine of the request, the request
+fixes (system prompt, tool token floor) in each dialect's shape, named SSE events."""
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import requests
+
+from common import sse
+from common.streaming import forward_headers
+
+from .. import normalize
+from ..search.engine import Searcher, TOOL_NAME
+from . import translate
+
+__all__ = ["DialectSession", "event", "prepare", "TOOL_NAME", "parse_json_object"]
+
+
+def event(name: str, obj: dict) -> bytes:
+    """One named SSE event (`event:` + `data:`), as Anthropic and Responses streams use."""
+    return (b"event: " + name.encode() + b"\ndata: "
+            + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n")
+
+
+def parse_json_object(raw: bytes, what: str) -> dict:
+    """The request body as a JSON object, or ApiError(400) saying why not."""
+    from common.errors import ApiError
+    if not raw or not raw.strip():
+        raise ApiError(f"request body is empty; expected a JSON object ({what})", 400,
+                       code="invalid_json")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(f"request body is not valid JSON: {e}", 400, code="invalid_json")
+    if not isinstance(body, dict):
+        raise ApiError(f"request body must be a JSON object, got {type(body).__name__}", 400,
+                       code="invalid_request")
+    return body
+
+
+def prepare(body: dict, *, settings, catalog, system_key: str, floor_keys: tuple) -> bool:
+    """Default model, system prompt and tool token floor, in the dialect's own fields
+    (Anthropic: top-level `system`, `max_tokens`; Responses: `instructions`,
+    `max_output_tokens`). True when the body changed."""
+    changed = False
+    if settings.DEFAULT_MODEL and not body.get("model"):
+        body["model"] = settings.DEFAULT_MODEL
+        changed = True
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    if settings.INJECT_SYSTEM and not body.get(system_key):
+        text = catalog.lookup(model).get("system_prompt") or settings.SYSTEM_PROMPT
+        if text:
+            body[system_key] = text
+            changed = True
+    if body.get("tools"):
+        floor = catalog.lookup(model).get("max_tokens_floor") or settings.TOOL_MAX_TOKENS_FLOOR
+        changed |= normalize.apply_token_floor(body, floor, keys=floor_keys)
+    return changed
+
+
+class DialectSession:
+    """One client request with search: the backend path, headers, and the Searcher."""
+    path = ""
+
+    def __init__(self, body: dict, *, settings, upstream, searcher: Searcher, headers,
+                 chat_only: set):
+        self.body = body
+        self.chat_only = chat_only
+        self.settings = settings
+        self.upstream = upstream
+        self.searcher = searcher
+        self.headers = {k: v for k, v in forward_headers(headers).items()
+                        if k.lower() not in ("accept-encoding", "content-length")}
+        self.headers["Content-Type"] = "application/json"
+
+    def round_body(self, stream: bool) -> dict:        # the dialect says
+        raise NotImplementedError
+
+    def call(self, stream: bool) -> requests.Response:
+        body = self.round_body(stream)
+        data = json.dumps(body, ensure_ascii=False).encode()
+        return translate.send(self.upstream, self.path, body, data, headers=self.headers,
+                              stream=stream, chat_only=self.chat_only)
+
+    def events(self, resp: requests.Response) -> Iterator[tuple[str | None, dict]]:
+        """The backend's SSE events as (event name, JSON object); ends at [DONE]."""
+        for ev in sse.iter_events(resp.iter_content(chunk_size=None)):
+            if ev.data is None:
+                continue
+            if ev.is_done:
+                return
+            try:
+                obj = json.loads(ev.data)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                name = None
+                for line in ev.raw.split(b"\n"):
+                    if line.startswith(b"event:"):
+                        name = line[6:].strip().decode()
+                yield name, obj

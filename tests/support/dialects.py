@@ -1,0 +1,255 @@
+"""A scripted model that also speaks Anthropic Messages and OpenAI Responses.
+
+`ScriptedDialects` is the scripted chat server plus POST /v1/messages and
+POST /v1/responses, answering the same `Reply` script in each dialect's exact wire
+format: whole objects, or SSE with named events in the order Anthropic's API and
+OpenAI's Responses API (and llama.cpp's llama-server) send them. Every request body
+lands in `requests` (with its path in `paths`).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+
+from flask import Response, jsonify, request
+
+from .chat import Reply, ScriptedChat, _pieces
+
+_ids = itertools.count(1)
+
+
+def _sse(name: str, obj: dict) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+class ScriptedDialects(ScriptedChat):
+    def __init__(self, *a, **kw):
+        self.paths: list[str] = []
+        self.raw: list[bytes] = []       # the bodies' bytes as they arrived
+        # errors on /v1/messages: "anthropic" (a backend speaking Messages) or "openai"
+        # (the swapper's envelope, e.g. an unknown model)
+        self.error_shape = "anthropic"
+        # responder(body, path) -> Reply: answers by looking at the request instead of
+        # replaying the script (for agents, whose request sequence is theirs to choose)
+        self.responder = None
+        # Responses events as llama.cpp's llama-server sends them: no output_index,
+        # content_index or sequence_number (items are named by id only)
+        self.llama_style = False
+        # end dialect streams cleanly after this many events (a truncated answer)
+        self.truncate_after: int | None = None
+        super().__init__(*a, **kw)
+
+    def _next(self, body: dict):
+        with self._lock:
+            self.requests.append(body)
+            self.paths.append(request.path)
+            self.raw.append(request.get_data())
+            if self.responder is not None:
+                return self.responder(body, request.path)
+            return self.replies.pop(0) if self.replies else None
+
+    def _make_app(self):
+        app = super()._make_app()
+
+        @app.post("/v1/messages")
+        def messages():
+            body = request.get_json(force=True)
+            reply = self._next(body)
+            if reply is None or reply.status != 200:
+                status = 500 if reply is None else reply.status
+                msg = "script exhausted" if reply is None else reply.error
+                if self.error_shape == "openai":
+                    return jsonify({"error": {"message": msg, "type": "not_found_error",
+                                              "code": "model_not_found"}}), status
+                return jsonify({"type": "error", "error": {"type": "api_error",
+                                                           "message": msg}}), status
+            mid = f"msg_{next(_ids)}"
+            if body.get("stream"):
+                return Response(self._messages_stream(reply, mid),
+                                mimetype="text/event-stream")
+            return jsonify(self._message(reply, mid))
+
+        @app.post("/v1/responses")
+        def responses():
+            body = request.get_json(force=True)
+            reply = self._next(body)
+            if reply is None or reply.status != 200:
+                status = 500 if reply is None else reply.status
+                msg = "script exhausted" if reply is None else reply.error
+                return jsonify({"error": {"message": msg, "type": "server_error",
+                                          "code": "scripted"}}), status
+            rid = f"resp_{next(_ids)}"
+            if body.get("stream"):
+                return Response(self._responses_stream(reply, rid),
+                                mimetype="text/event-stream")
+            return jsonify(self._response(reply, rid, "completed", self._items(reply, rid)))
+
+        return app
+
+    # ------------------------------------------------------------ Anthropic Messages
+
+    @staticmethod
+    def _stop(r: Reply) -> str:
+        return "tool_use" if r.tool_calls else {"length": "max_tokens"}.get(
+            r.finish_reason or "", "end_turn")
+
+    def _blocks(self, r: Reply, mid: str) -> list[dict]:
+        blocks = []
+        if r.reasoning:
+            blocks.append({"type": "thinking", "thinking": r.reasoning, "signature": ""})
+        if r.content:
+            blocks.append({"type": "text", "text": r.content})
+        for i, c in enumerate(r.tool_calls):
+            blocks.append({"type": "tool_use", "id": f"toolu_{mid}_{i}", "name": c["name"],
+                           "input": json.loads(c["arguments"] or "{}")})
+        return blocks
+
+    def _message(self, r: Reply, mid: str) -> dict:
+        return {"id": mid, "type": "message", "role": "assistant", "model": self.model,
+                "content": self._blocks(r, mid), "stop_reason": self._stop(r),
+                "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 5}}
+
+    def _messages_stream(self, r: Reply, mid: str):
+        out = [_sse("message_start", {"type": "message_start", "message": {
+            "id": mid, "type": "message", "role": "assistant", "model": self.model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 10, "output_tokens": 1}}})]
+        out.append(_sse("ping", {"type": "ping"}))
+        for i, b in enumerate(self._blocks(r, mid)):
+            if b["type"] == "thinking":
+                out.append(_sse("content_block_start", {
+                    "type": "content_block_start", "index": i,
+                    "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
+                out += [_sse("content_block_delta", {
+                    "type": "content_block_delta", "index": i,
+                    "delta": {"type": "thinking_delta", "thinking": p}})
+                    for p in _pieces(b["thinking"])]
+            elif b["type"] == "text":
+                out.append(_sse("content_block_start", {
+                    "type": "content_block_start", "index": i,
+                    "content_block": {"type": "text", "text": ""}}))
+                out += [_sse("content_block_delta", {
+                    "type": "content_block_delta", "index": i,
+                    "delta": {"type": "text_delta", "text": p}}) for p in _pieces(b["text"])]
+            else:
+                out.append(_sse("content_block_start", {
+                    "type": "content_block_start", "index": i,
+                    "content_block": {"type": "tool_use", "id": b["id"], "name": b["name"],
+                                      "input": {}}}))
+                out += [_sse("content_block_delta", {
+                    "type": "content_block_delta", "index": i,
+                    "delta": {"type": "input_json_delta", "partial_json": p}})
+                    for p in _pieces(json.dumps(b["input"]), 6)]
+            out.append(_sse("content_block_stop", {"type": "content_block_stop", "index": i}))
+        out.append(_sse("message_delta", {
+            "type": "message_delta", "delta": {"stop_reason": self._stop(r),
+                                               "stop_sequence": None},
+            "usage": {"output_tokens": 5}}))
+        out.append(_sse("message_stop", {"type": "message_stop"}))
+        out = out[:self.truncate_after]
+        for i, b in enumerate(out):
+            if r.break_after is not None and i >= r.break_after:
+                raise ConnectionAbortedError("scripted stream break")
+            yield b
+
+    # ------------------------------------------------------------ OpenAI Responses
+
+    def _items(self, r: Reply, rid: str) -> list[dict]:
+        items = []
+        if r.reasoning:
+            items.append({"type": "reasoning", "id": f"rs_{rid}", "summary": [],
+                          "content": [{"type": "reasoning_text", "text": r.reasoning}]})
+        if r.content:
+            items.append({"type": "message", "id": f"msg_{rid}", "status": "completed",
+                          "role": "assistant",
+                          "content": [{"type": "output_text", "text": r.content,
+                                       "annotations": [], "logprobs": []}]})
+        for i, c in enumerate(r.tool_calls):
+            items.append({"type": "function_call", "id": f"fc_{rid}_{i}",
+                          "call_id": f"call_{rid}_{i}", "name": c["name"],
+                          "arguments": c["arguments"], "status": "completed"})
+        return items
+
+    def _response(self, r: Reply, rid: str, status: str, output: list) -> dict:
+        return {"id": rid, "object": "response", "created_at": int(time.time()),
+                "status": status, "error": None, "incomplete_details": None,
+                "instructions": None, "max_output_tokens": None, "model": self.model,
+                "output": output, "parallel_tool_calls": True, "previous_response_id": None,
+                "reasoning": {"effort": None, "summary": None}, "store": False,
+                "temperature": 1.0, "text": {"format": {"type": "text"}},
+                "tool_choice": "auto", "tools": [], "top_p": 1.0, "truncation": "disabled",
+                "metadata": {},
+                "usage": None if status != "completed" else {
+                    "input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
+                    "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": 15}}
+
+    def _responses_stream(self, r: Reply, rid: str):
+        seq = itertools.count()
+        out = []
+
+        def ev(obj):
+            obj = {**obj, "sequence_number": next(seq)}
+            if self.llama_style:
+                for k in ("output_index", "content_index", "sequence_number"):
+                    obj.pop(k, None)
+            out.append(_sse(obj["type"], obj))
+
+        ev({"type": "response.created", "response": self._response(r, rid, "in_progress", [])})
+        ev({"type": "response.in_progress",
+            "response": self._response(r, rid, "in_progress", [])})
+        items = self._items(r, rid)
+        for oi, it in enumerate(items):
+            if it["type"] == "message":
+                text = it["content"][0]["text"]
+                ev({"type": "response.output_item.added", "output_index": oi,
+                    "item": {**it, "status": "in_progress", "content": []}})
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                ev({"type": "response.content_part.added", "item_id": it["id"],
+                    "output_index": oi, "content_index": 0, "part": part})
+                for p in _pieces(text):
+                    ev({"type": "response.output_text.delta", "item_id": it["id"],
+                        "output_index": oi, "content_index": 0, "delta": p, "logprobs": []})
+                ev({"type": "response.output_text.done", "item_id": it["id"],
+                    "output_index": oi, "content_index": 0, "text": text, "logprobs": []})
+                ev({"type": "response.content_part.done", "item_id": it["id"],
+                    "output_index": oi, "content_index": 0, "part": it["content"][0]})
+            elif it["type"] == "function_call":
+                ev({"type": "response.output_item.added", "output_index": oi,
+                    "item": {**it, "arguments": "", "status": "in_progress"}})
+                for p in _pieces(it["arguments"], 6):
+                    ev({"type": "response.function_call_arguments.delta", "item_id": it["id"],
+                        "output_index": oi, "delta": p})
+                ev({"type": "response.function_call_arguments.done", "item_id": it["id"],
+                    "output_index": oi, "arguments": it["arguments"]})
+            else:
+                ev({"type": "response.output_item.added", "output_index": oi, "item": it})
+            ev({"type": "response.output_item.done", "output_index": oi, "item": it})
+        ev({"type": "response.completed", "response": self._response(r, rid, "completed", items)})
+        out = out[:self.truncate_after]
+        for i, b in enumerate(out):
+            if r.break_after is not None and i >= r.break_after:
+                raise ConnectionAbortedError("scripted stream break")
+            yield b
+
+
+class ChatOnly(ScriptedChat):
+    """A backend that speaks chat completions only: /v1/messages and /v1/responses are
+    404 as llama-server answers an unknown path; `missing` counts those probes."""
+
+    def __init__(self, *a, **kw):
+        self.missing: list[str] = []
+        super().__init__(*a, **kw)
+
+    def _make_app(self):
+        app = super()._make_app()
+
+        def not_found():
+            self.missing.append(request.path)
+            return jsonify({"error": {"code": 404, "message": "File Not Found",
+                                      "type": "not_found_error"}}), 404
+
+        app.add_url_rule("/v1/messages", "no_messages", not_found, methods=["POST"])
+        app.add_url_rule("/v1/responses", "no_responses", not_found, methods=["POST"])
+        return app
