@@ -316,6 +316,9 @@ def run_stream(s: MessagesSession, first: requests.Response) -> Iterator[bytes]:
             stop = {}
             round_in = 0
             for name, obj in s.events(resp):
+                if name == ":":          # a comment: keeps the client's wait alive
+                    yield obj
+                    continue
                 t = obj.get("type") or name
                 if t == "error":
                     err = obj.get("error") or {}

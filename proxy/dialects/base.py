@@ -85,9 +85,12 @@ class DialectSession:
                               stream=stream, chat_only=self.chat_only)
 
     def events(self, resp: requests.Response) -> Iterator[tuple[str | None, dict]]:
-        """The backend's SSE events as (event name, JSON object); ends at [DONE]."""
+        """The backend's SSE events as (event name, JSON object); ends at [DONE].
+        A comment (the swapper's progress while a model loads) comes as
+        (":", its raw bytes), for the dialect to pass on to its client."""
         for ev in sse.iter_events(resp.iter_content(chunk_size=None)):
             if ev.data is None:
+                yield ":", ev.raw
                 continue
             if ev.is_done:
                 return

@@ -282,6 +282,9 @@ def run_stream(s: ResponsesSession, first: requests.Response) -> Iterator[bytes]
             order: list = []              # backend item keys as they were added
             done_resp = None
             for name, obj in s.events(resp):
+                if name == ":":          # a comment: keeps the client's wait alive
+                    yield obj
+                    continue
                 t = obj.get("type") or name or ""
                 if t in ("response.created", "response.in_progress"):
                     if s.searcher.rounds == 0:          # later rounds: one response

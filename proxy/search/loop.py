@@ -294,6 +294,7 @@ def _relay_round(s: SearchSession, resp: requests.Response, rnd: _Round, head: d
     """Relay one backend stream to the client; returns False if it ended the stream."""
     for ev in sse.iter_events(resp.iter_content(chunk_size=None)):
         if ev.data is None:
+            yield ev.raw                 # a comment (the swapper's progress): pass it on
             continue
         if ev.is_done:
             break

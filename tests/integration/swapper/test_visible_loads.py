@@ -189,3 +189,23 @@ def test_an_unknown_preload_model_stops_the_swapper_with_a_clear_message():
     assert p.returncode == 2
     assert "PRELOAD='nope' is not a model of the registry" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {}),                                   # web_search injected
+    ("/v1/messages", {"max_tokens": 16, "tools": [
+        {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}]}),
+])
+def test_search_streams_pass_the_progress_on(stack, path, body):
+    """With server-side search the proxy parses the stream itself: the waiting
+    comments still reach the client (the model answers without searching)."""
+    sw, _ = stack
+    with ProxyProcess(BACKEND_URL=sw.url, WEB_SEARCH="1", INJECT_SYSTEM="0",
+                      SEARXNG_URL="http://127.0.0.1:9") as px:
+        r = requests.post(px.url + path, stream=True, timeout=120, json={
+            "model": "slow-start", "stream": True,
+            "messages": [{"role": "user", "content": "Hi"}], **body})
+        data = r.content
+    assert r.status_code == 200, data
+    assert data.startswith(b": ") and b"loading model slow-start" in data, data[:300]
+    assert b"Slow " in data and b"sure." in data
