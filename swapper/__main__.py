@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common.config import ConfigError
+from common.config import exit_on_error
 
 from .registry import Registry, RegistryError
 from .settings import Settings
@@ -30,11 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="validate the registry (BACKENDS_DIR), list its models, exit")
     args = parser.parse_args(argv)
-    try:
-        settings = Settings.from_env()
-    except ConfigError as e:
-        print(f"invalid configuration: {e}", file=sys.stderr)
-        return 2
+    settings = exit_on_error(Settings.from_env, "swapper")   # bad value: one line, exit 2
     if args.check:
         return check(settings)
     if check(settings) != 0:
