@@ -18,7 +18,7 @@ def wait_admitted(scheduler: Scheduler, model: str | None, environ: dict, metric
         ticket = scheduler.submit(model)
     except QueueFull as e:
         if metrics is not None:
-            metrics.rejected.inc(reason="queue_full")
+            metrics.rejected("queue_full")
         raise ApiError(str(e), 503, code="queue_full",
                        headers={"Retry-After": str(e.retry_after)}) from None
     t0 = time.monotonic()
@@ -32,7 +32,7 @@ def wait_admitted(scheduler: Scheduler, model: str | None, environ: dict, metric
     except Cancelled as e:
         raise ApiError(str(e), 499, code="client_closed") from None
     if metrics is not None and model is not None:
-        metrics.queue_seconds.observe(time.monotonic() - t0, model=model)
+        metrics.queued(model, time.monotonic() - t0)
     return ticket
 
 

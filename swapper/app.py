@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from flask import Flask, Response, jsonify, request, stream_with_context
 
 from common.errors import ApiError, install_error_handlers
-from common.metrics import CONTENT_TYPE
 
 from .admission import slot, wait_admitted
 from .driver import Driver
@@ -93,8 +92,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @app.get("/metrics")
     def metrics():
-        return Response(sw.metrics.render(), mimetype=CONTENT_TYPE.split(";")[0],
-                        content_type=CONTENT_TYPE)
+        return sw.metrics.response()
 
     @app.get("/v1/models")
     def models():

@@ -80,12 +80,12 @@ class Driver:
             backend = self.runtime.start(spec)
         except BackendError as e:
             log.error("load failed: %s", e)
-            self.metrics.loads.inc(model=spec.id, result="failed")
+            self.metrics.load_done(spec.id, time.monotonic() - t0, ok=False)
             self.scheduler.load_done(action.epoch, error=LoadFailed(str(e), e.status))
             return
         except Exception as e:
             log.exception("load of %s failed unexpectedly", spec.id)
-            self.metrics.loads.inc(model=spec.id, result="failed")
+            self.metrics.load_done(spec.id, time.monotonic() - t0, ok=False)
             self.runtime.remove_all()
             self.scheduler.load_done(action.epoch, error=LoadFailed(
                 f"model '{spec.id}': could not start it: {type(e).__name__}: {e}"))
@@ -93,14 +93,13 @@ class Driver:
         seconds = time.monotonic() - t0
         self.last_load_seconds = seconds
         self.backend = backend
-        self.metrics.loads.inc(model=spec.id, result="ok")
-        self.metrics.load_seconds.observe(seconds, model=spec.id)
+        self.metrics.load_done(spec.id, seconds, ok=True)
         self.scheduler.load_done(action.epoch, backend=backend)
 
     def _stop(self, action: Action) -> None:
         target = self.backend if self.backend and self.backend.model == action.model else action.model
         log.info("stopping model %s", action.model)
-        delay = 1.0
+        t0, delay = time.monotonic(), 1.0
         while True:
             try:
                 self.runtime.stop(target)
@@ -112,7 +111,7 @@ class Driver:
                 time.sleep(delay)
                 delay = min(delay * 2, 30)
         self.backend = None
-        self.metrics.swaps.inc(model=action.model)
+        self.metrics.unloaded(action.model, time.monotonic() - t0)
         self.scheduler.stop_done()
 
     # ------------------------------------------------------------------ watch
@@ -137,5 +136,5 @@ class Driver:
             return True
         if not running and self.scheduler.crashed(backend.model, reason):
             log.error("model %s crashed: %s", backend.model, reason)
-            self.metrics.crashes.inc(model=backend.model)
+            self.metrics.crashed(backend.model)
         return running

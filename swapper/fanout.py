@@ -112,7 +112,7 @@ class FanOut:
                     r.close()
             status = bad.status_code if bad is not None else 502
             self.fw.scheduler.release(ticket, ok=status < 500)
-            self.fw.metrics.requests.inc(model=spec.id, status=str(status))
+            self.fw.metrics.request_done(spec.id, status)
             if bad is not None:
                 return _as_response(bad)
             self.fw.driver.check(ticket.backend)
@@ -121,7 +121,7 @@ class FanOut:
                            code="backend_failed")
         if not stream:
             self.fw.scheduler.release(ticket, ok=True)
-            self.fw.metrics.requests.inc(model=spec.id, status="200")
+            self.fw.metrics.request_done(spec.id, 200)
             return Response(json.dumps(_merge([r.json() for r in results])),
                             mimetype="application/json")
         return Response(self._merge_streams(ticket, spec, results),
@@ -194,7 +194,7 @@ class FanOut:
             for up in ups:
                 up.close()
             self.fw.scheduler.release(ticket, ok=ok)
-            self.fw.metrics.requests.inc(model=spec.id, status="200" if ok else "502")
+            self.fw.metrics.request_done(spec.id, 200 if ok else 502)
             if not ok:
                 self.fw.driver.check(ticket.backend)
 

@@ -49,12 +49,12 @@ class Forwarder:
                 timeout=(self.settings.connect_timeout, None), allow_redirects=False), environ)
         except ClientGone:
             self.scheduler.release(ticket, ok=False)
-            self.metrics.requests.inc(model=ticket.model, status="499")
+            self.metrics.request_done(ticket.model, 499)
             raise ApiError("client disconnected before the answer", 499,
                            code="client_closed") from None
         except requests.RequestException as e:
             self.scheduler.release(ticket, ok=False)
-            self.metrics.requests.inc(model=ticket.model, status="502")
+            self.metrics.request_done(ticket.model, 502)
             running = self.driver.check(backend)
             msg = f"backend of model '{ticket.model}' did not answer at {url}: {e}"
             if not running:
@@ -69,7 +69,7 @@ class Forwarder:
 
         def on_close(complete: bool) -> None:
             self.scheduler.release(ticket, ok=complete and upstream.status_code < 500)
-            self.metrics.requests.inc(model=ticket.model, status=str(upstream.status_code))
+            self.metrics.request_done(ticket.model, upstream.status_code)
             if not complete:
                 self.driver.check(backend)
 
