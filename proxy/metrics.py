@@ -120,6 +120,7 @@ class Metrics:
         parser = sse.Parser() if answer is not None and is_sse else None
         body: list[bytes] | None = [] if answer is not None and not is_sse else None
         size = 0
+        clean = True            # no partial event held by the parser
         try:
             for chunk in inner:
                 if chunk:
@@ -128,8 +129,15 @@ class Metrics:
                         self._first_byte.labels(route).observe(now - t0)
                         first = False
                     if parser is not None:
-                        for ev in parser.feed(chunk):
-                            answer.event(ev, now)
+                        if clean and answer.first_data is not None and chunk.endswith(b"\n\n") \
+                                and b'"usage"' not in chunk and b'"timings"' not in chunk:
+                            # whole events with nothing to read: only the time counts
+                            if b"data:" in chunk and b"[DONE]" not in chunk:
+                                answer.last_data = now
+                        else:
+                            for ev in parser.feed(chunk):
+                                answer.event(ev, now)
+                            clean = chunk.endswith(b"\n\n")
                     elif body is not None:
                         size += len(chunk)
                         if size <= MAX_JSON_BYTES:
@@ -204,10 +212,11 @@ class _Answer:
     def event(self, ev: sse.Event, now: float) -> None:
         if ev.data is None or ev.is_done:
             return
-        if self.first_data is None:
+        first = self.first_data is None
+        if first:
             self.first_data = now
         raw = ev.raw
-        if self.model is None or b'"usage"' in raw or b'"timings"' in raw:
+        if first or b'"usage"' in raw or b'"timings"' in raw:
             try:
                 obj = json.loads(ev.data)
             except ValueError:

@@ -11,7 +11,7 @@ from .registry import Registry, RegistryError
 from .settings import Settings
 
 
-def check(settings: Settings) -> int:
+def validate_registry(settings: Settings) -> int:
     try:
         registry = Registry.load(settings.backends_dir, settings.env, settings.default_model)
     except RegistryError as e:
@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = exit_on_error(Settings.from_env, "swapper")   # bad value: one line, exit 2
     if args.check:
-        return check(settings)
-    if check(settings) != 0:
+        return validate_registry(settings)
+    if validate_registry(settings) != 0:
         return 1
 
     from common.serve import serve
