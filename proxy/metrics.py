@@ -52,6 +52,7 @@ class Metrics:
         self.collectors = r = common.new_registry()
         self._bounded = common.BoundedLabel()
         self._resolve = resolve
+        self._resolved: dict[str, str] = {}     # name -> id, once known (bounded below)
         self._default_model = default_model or None
         self._requests = Counter(
             "proxy_requests", "HTTP requests answered, by route, method and status.",
@@ -159,10 +160,15 @@ class Metrics:
     def model_label(self, requested: str | None, answered: str | None) -> str:
         name = requested or self._default_model
         if name and self._resolve is not None:
-            try:
-                name = self._resolve(name) or name
-            except Exception:  # noqa: BLE001 - a label must never fail a request
-                pass
+            known = self._resolved.get(name)
+            if known is None:
+                try:
+                    known = self._resolve(name)
+                except Exception:  # noqa: BLE001 - a label must never fail a request
+                    known = None
+                if known and len(self._resolved) < 256:
+                    self._resolved[name] = known
+            name = known or name
         return self._bounded(name or answered)
 
     def tokens(self, model: str, prompt: int | None, completion: int | None,

@@ -104,13 +104,22 @@ def test_streamed_json_answer_and_errors_not_counted():
 
 
 def test_model_label_resolves_aliases_and_falls_back():
-    m = Metrics(resolve={"a": "tiny-a", "tiny-a": "tiny-a"}.get, default_model="tiny-d")
+    asked = []
+
+    def resolve(name):          # the catalog: may fetch /v1/models, so asked once per name
+        asked.append(name)
+        return {"a": "tiny-a"}.get(name)
+
+    m = Metrics(resolve=resolve, default_model="tiny-d")
     run(m, [CHAT_STREAM], request_json={"model": "a", "messages": []})
+    run(m, [CHAT_STREAM], request_json={"model": "a", "messages": []})
+    assert asked == ["a"]
     run(m, [CHAT_STREAM], request_json={"messages": []})
     s = run(Metrics(), [CHAT_STREAM], request_json={"messages": []})
     assert s.labels("proxy_prompt_tokens_total", "model") == {"/models/x.gguf"}
     s = Scrape(exposition(m.collectors).decode())
     assert s.labels("proxy_prompt_tokens_total", "model") == {"tiny-a", "tiny-d"}
+    assert s.value("proxy_prompt_tokens_total", model="tiny-a") == 2 * 33
 
 
 @pytest.mark.parametrize("path, label", [
