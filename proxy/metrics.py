@@ -14,6 +14,7 @@ multiprocess files (see common/metrics.py), so a scrape answers for the proxy.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Callable, Iterable, Iterator
 
@@ -23,6 +24,8 @@ from common import metrics as common
 from common import sse
 
 from .search.searxng import FAILURE_KINDS
+
+log = logging.getLogger("proxy.metrics")
 
 # Routes whose successful answers carry generated tokens.
 TOKEN_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages",
@@ -112,7 +115,7 @@ class Metrics:
             body = resp.get_data()
             if b'"usage"' in body or b'"timings"' in body:
                 answer.json(body)
-            answer.done()
+            _safely(answer.done)
         return resp
 
     def _follow(self, inner: Iterable[bytes], route: str, t0: float, answer, is_sse: bool
@@ -135,9 +138,10 @@ class Metrics:
                             # whole events with nothing to read: only the time counts
                             if b"data:" in chunk and b"[DONE]" not in chunk:
                                 answer.last_data = now
+                        elif not _safely(lambda: [answer.event(ev, now)
+                                                  for ev in parser.feed(chunk)]):
+                            parser = answer = None          # never break a stream over it
                         else:
-                            for ev in parser.feed(chunk):
-                                answer.event(ev, now)
                             clean = chunk.endswith(b"\n\n")
                     elif body is not None:
                         size += len(chunk)
@@ -145,17 +149,17 @@ class Metrics:
                             body.append(chunk)
                 yield chunk
             if parser is not None:
-                for ev in parser.flush():
-                    answer.event(ev, time.perf_counter())
+                end = time.perf_counter()
+                _safely(lambda: [answer.event(ev, end) for ev in parser.flush()])
             elif body is not None and size <= MAX_JSON_BYTES:
-                answer.json(b"".join(body))
+                _safely(lambda: answer.json(b"".join(body)))
         finally:
-            self._duration.labels(route).observe(time.perf_counter() - t0)
-            if answer is not None:
-                answer.done()
             close = getattr(inner, "close", None)
             if close is not None:
-                close()
+                close()                       # the upstream first; then the bookkeeping
+            self._duration.labels(route).observe(time.perf_counter() - t0)
+            if answer is not None:
+                _safely(answer.done)
 
     def model_label(self, requested: str | None, answered: str | None) -> str:
         name = requested or self._default_model
@@ -279,6 +283,16 @@ class _Answer:
             return
         model = self.metrics.model_label(_requested_model(self.request_body), self.model)
         self.metrics.tokens(model, self.prompt, self.completion, rate, first_token)
+
+
+def _safely(fn) -> bool:
+    """Run a bookkeeping step; a bug in it is logged, never the client's problem."""
+    try:
+        fn()
+        return True
+    except Exception:  # noqa: BLE001
+        log.exception("metrics: could not read an answer")
+        return False
 
 
 def _requested_model(body: bytes) -> str | None:

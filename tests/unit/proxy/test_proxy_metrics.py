@@ -128,3 +128,25 @@ def test_model_label_resolves_aliases_and_falls_back():
 ])
 def test_route_label(path, label):
     assert route_label(path) == label
+
+
+def test_a_bookkeeping_bug_never_breaks_the_answer(monkeypatch):
+    import proxy.metrics as pm
+
+    def broken(self, *a):
+        raise RuntimeError("metrics bug")
+
+    monkeypatch.setattr(pm._Answer, "event", broken)
+    monkeypatch.setattr(pm._Answer, "done", broken)
+    m = Metrics()
+    with APP.test_request_context("/v1/chat/completions", method="POST", json={"model": "t"}):
+        request.get_data()
+        resp = m.observe(Response(iter(split_every(CHAT_STREAM, 7)),
+                                  mimetype="text/event-stream"), request, 0.0)
+        assert b"".join(resp.response) == CHAT_STREAM
+        resp.response.close()
+        resp = m.observe(Response(json.dumps({"usage": USAGE}), mimetype="application/json"),
+                         request, 0.0)
+        assert resp.get_json() == {"usage": USAGE}
+    s = Scrape(exposition(m.collectors).decode())
+    assert s.value("proxy_requests_total", status="200") == 2
