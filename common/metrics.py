@@ -1,117 +1,111 @@
-"""A minimal Prometheus text-format registry (counters, gauges, summaries).
+"""What both services share about Prometheus metrics (prometheus_client).
 
-No dependency: both services expose a handful of series, and the text format
-is simple. Thread- and greenlet-safe.
+Each service builds its series in its own `CollectorRegistry` (a test may run
+several apps in one process) and renders it with `exposition()`. A service with
+several worker processes (the proxy, `PROXY_WORKERS` > 1) runs prometheus_client's
+multiprocess mode: its launcher calls `multiprocess_setup()` before any worker
+imports prometheus_client, values then live in files under
+`PROMETHEUS_MULTIPROC_DIR`, and `exposition()` merges every worker's files, so a
+scrape answers for the service, whichever worker it reaches.
 """
 from __future__ import annotations
 
+import glob
+import os
+import shutil
+import tempfile
 import threading
-from typing import Callable, Iterable
+from typing import Callable
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# prometheus_client is imported only inside the functions below: it picks its
+# mode once, at import, so a launcher must be able to call multiprocess_setup()
+# before anything imports it.
+
+# Bucket sets (seconds unless named otherwise).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
+                    1800)
+LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
+TOKENS_PER_SECOND_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000)
+COUNT_BUCKETS = (0, 1, 2, 3, 5, 10, 20)
 
 
-def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
-    if not names:
-        return ""
-    def esc(v: str) -> str:
-        return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return "{" + ",".join(f'{n}="{esc(v)}"' for n, v in zip(names, values)) + "}"
+def multiprocess_dir() -> str | None:
+    return os.environ.get(MULTIPROC_ENV) or None
 
 
-class _Metric:
-    kind = ""
+def new_registry():
+    """An empty prometheus_client CollectorRegistry for one app's series."""
+    from prometheus_client import CollectorRegistry, disable_created_metrics
+    disable_created_metrics()      # `_created` series double every counter; nobody reads them
+    return CollectorRegistry(auto_describe=True)
 
-    def __init__(self, name: str, help_: str, labels: Iterable[str] = ()):
-        self.name, self.help, self.labelnames = name, help_, tuple(labels)
-        self._values: dict[tuple[str, ...], float] = {}
+
+def exposition(registry) -> bytes:
+    """The text format of `registry`, or of every process's files in multiprocess mode."""
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess, values
+    if values.ValueClass is values.MutexValue:    # the mode chosen when it was imported
+        return generate_latest(registry)
+    path = multiprocess_dir()
+    merged = CollectorRegistry()
+    multiprocess.MultiProcessCollector(merged, path)
+    return generate_latest(merged)
+
+
+def response(registry):
+    """GET /metrics: a Flask response with the text format."""
+    from flask import Response
+    from prometheus_client import CONTENT_TYPE_LATEST
+    return Response(exposition(registry), content_type=CONTENT_TYPE_LATEST)
+
+
+def multiprocess_setup(workers: int) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
+    """For a launcher, before prometheus_client is imported by any worker: with
+    more than one worker (or PROMETHEUS_MULTIPROC_DIR set by the operator), point
+    PROMETHEUS_MULTIPROC_DIR at an empty folder (a new temporary one unless set).
+    Returns (child_exit(pid) for the process manager or None, cleanup())."""
+    given = multiprocess_dir()
+    if given is None and workers <= 1:
+        return None, lambda: None
+    if given is None:
+        path = tempfile.mkdtemp(prefix="coding-stack-metrics-")
+        os.environ[MULTIPROC_ENV] = path
+
+        def cleanup() -> None:
+            shutil.rmtree(path, ignore_errors=True)
+    else:
+        path = given
+        os.makedirs(path, exist_ok=True)
+        for f in glob.glob(os.path.join(path, "*.db")):   # a previous run's values
+            os.remove(f)
+
+        def cleanup() -> None:
+            pass
+
+    def child_exit(pid: int) -> None:
+        from prometheus_client import multiprocess
+        multiprocess.mark_process_dead(pid, path)
+
+    return child_exit, cleanup
+
+
+class BoundedLabel:
+    """Values of a label that comes from outside (a model name in an answer):
+    the first `limit` distinct values pass, later ones become `other`, so a client
+    cannot grow the series without bound."""
+
+    def __init__(self, limit: int = 64, other: str = "other"):
+        self.limit, self.other = limit, other
+        self._seen: set[str] = set()
         self._lock = threading.Lock()
 
-    def _key(self, labels: dict) -> tuple[str, ...]:
-        return tuple(str(labels.get(n, "")) for n in self.labelnames)
-
-    def samples(self) -> list[tuple[str, str, float]]:
+    def __call__(self, value: str | None) -> str:
+        value = (value or "unknown")[:128]
+        if value in self._seen:
+            return value
         with self._lock:
-            return [(self.name, _labels(self.labelnames, k), v) for k, v in sorted(self._values.items())]
-
-    def render(self) -> str:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-        lines += [f"{n}{l} {_num(v)}" for n, l, v in self.samples()]
-        return "\n".join(lines)
-
-
-class Counter(_Metric):
-    kind = "counter"
-
-    def inc(self, amount: float = 1.0, **labels) -> None:
-        k = self._key(labels)
-        with self._lock:
-            self._values[k] = self._values.get(k, 0.0) + amount
-
-
-class Gauge(_Metric):
-    kind = "gauge"
-
-    def __init__(self, name: str, help_: str, labels: Iterable[str] = (),
-                 func: Callable[[], float] | None = None):
-        super().__init__(name, help_, labels)
-        self._func = func
-
-    def set(self, value: float, **labels) -> None:
-        with self._lock:
-            self._values[self._key(labels)] = float(value)
-
-    def samples(self):
-        if self._func is not None:
-            return [(self.name, "", float(self._func()))]
-        return super().samples()
-
-
-class Summary(_Metric):
-    """Count and sum (seconds, rounds...) per label set."""
-    kind = "summary"
-
-    def __init__(self, name: str, help_: str, labels: Iterable[str] = ()):
-        super().__init__(name, help_, labels)
-        self._counts: dict[tuple[str, ...], int] = {}
-
-    def observe(self, value: float, **labels) -> None:
-        k = self._key(labels)
-        with self._lock:
-            self._values[k] = self._values.get(k, 0.0) + value
-            self._counts[k] = self._counts.get(k, 0) + 1
-
-    def samples(self):
-        with self._lock:
-            out = []
-            for k in sorted(self._values):
-                l = _labels(self.labelnames, k)
-                out.append((f"{self.name}_count", l, self._counts[k]))
-                out.append((f"{self.name}_sum", l, self._values[k]))
-            return out
-
-
-class Registry:
-    def __init__(self):
-        self._metrics: list[_Metric] = []
-
-    def add(self, metric: _Metric) -> _Metric:
-        self._metrics.append(metric)
-        return metric
-
-    def counter(self, name, help_, labels=()) -> Counter:
-        return self.add(Counter(name, help_, labels))
-
-    def gauge(self, name, help_, labels=(), func=None) -> Gauge:
-        return self.add(Gauge(name, help_, labels, func))
-
-    def summary(self, name, help_, labels=()) -> Summary:
-        return self.add(Summary(name, help_, labels))
-
-    def render(self) -> str:
-        return "\n".join(m.render() for m in self._metrics) + "\n"
-
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-def _num(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else repr(float(v))
+            if len(self._seen) < self.limit:
+                self._seen.add(value)
+                return value
+        return self.other

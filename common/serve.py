@@ -29,10 +29,12 @@ class _Server(BaseApplication):
 
 def serve(factory: Callable, host: str, port: int, *, workers: int = 1,
           name: str = "coding-stack", loglevel: str = "info", keepalive: int = 75,
-          on_exit: Callable[[], None] | None = None) -> None:
+          on_exit: Callable[[], None] | None = None,
+          child_exit: Callable[[int], None] | None = None) -> None:
     """Run until SIGTERM/SIGINT. On SIGTERM the worker finishes in-flight
     requests, but also waits for idle keep-alive connections to time out:
-    `keepalive` bounds how long an idle client delays a shutdown."""
+    `keepalive` bounds how long an idle client delays a shutdown. `child_exit(pid)`
+    runs in the master when a worker exits."""
     _Server(factory, {
         "bind": f"{host}:{port}",
         "workers": workers,
@@ -49,4 +51,5 @@ def serve(factory: Callable, host: str, port: int, *, workers: int = 1,
         # (or a user with no home) would fight over it.
         "control_socket_disable": True,
         "on_exit": (lambda server: on_exit()) if on_exit else None,
+        "child_exit": (lambda server, worker: child_exit(worker.pid)) if child_exit else None,
     }).run()

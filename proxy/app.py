@@ -24,20 +24,6 @@ ADMIN_ROUTES = ("/load", "/load/<path:model>", "/unload", "/running",
                 "/upstream/<path:rest>", "/logs", "/logs/<path:rest>", "/events",
                 "/models", "/models/<path:rest>")
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
-_V1_ROUTES = {"chat", "completions", "embeddings", "models", "responses", "messages"}
-
-
-def route_label(path: str) -> str:
-    """Bounded metric label for a path."""
-    parts = path.strip("/").split("/")
-    if parts[0] == "v1":
-        if len(parts) > 1 and parts[1] in _V1_ROUTES:
-            return "/v1/" + ("chat/completions" if parts[1] == "chat" else parts[1])
-        return "/v1/other"
-    if parts[0] in ("load", "unload", "running", "upstream", "logs", "healthz", "metrics",
-                    "events", "models"):
-        return "/" + parts[0]
-    return "other"
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -53,7 +39,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     catalog = ModelCatalog(upstream, settings.MODELS_TTL)
     searx = SearxngClient(settings.SEARXNG_URL, settings.SEARXNG_RESULTS,
                           settings.SEARXNG_TIMEOUT)
-    metrics = Metrics()
+    metrics = Metrics(resolve=lambda name: catalog.lookup(name).get("id"),
+                      default_model=settings.DEFAULT_MODEL)
     executor = cf.ThreadPoolExecutor(max_workers=16, thread_name_prefix="search")
     app.extensions["proxy"] = dict(settings=settings, upstream=upstream, metrics=metrics,
                                    catalog=catalog, searx=searx, executor=executor)
@@ -82,16 +69,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     @app.after_request
     def _after(resp: Response):
         resp = dialects.anthropic_errors(resp, request.path)
-        route = route_label(request.path)
-        metrics.request(route, request.method, resp.status_code)
-        t0 = g.get("t0")
-        if t0 is None:
-            return resp
-        if resp.is_streamed:
-            resp.response = _observe_first_byte(resp.response, metrics, route, t0)
-        else:
-            metrics.first_byte(route, time.perf_counter() - t0)
-        return resp
+        return metrics.observe(resp, request, g.get("t0"))
 
     # ------------------------------------------------------------ own routes
 
@@ -114,7 +92,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @app.get("/metrics")
     def metrics_route():
-        return Response(metrics.render(), mimetype="text/plain; version=0.0.4")
+        return metrics.response()
 
     @app.post("/v1/chat/completions")
     def chat():
@@ -194,16 +172,3 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     return app
 
-
-def _observe_first_byte(inner, metrics: Metrics, route: str, t0: float):
-    first = True
-    try:
-        for chunk in inner:
-            if first and chunk:
-                metrics.first_byte(route, time.perf_counter() - t0)
-                first = False
-            yield chunk
-    finally:
-        close = getattr(inner, "close", None)
-        if close is not None:
-            close()

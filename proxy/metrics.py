@@ -1,94 +1,330 @@
-"""Prometheus text exposition, by hand (no client library). Per worker process."""
+"""The proxy's Prometheus series, written through one method per event.
+
+The app calls `observe(response, request, t0)` once per request (after_request);
+it counts the request and follows the body to its end: first byte, first token,
+duration, and the answer's `usage` (tokens by model), for every dialect
+(chat/completions, Anthropic Messages, Responses), streamed or not. The model
+label is the model the client asked for, resolved to its id through the
+upstream's /v1/models aliases (a backend reports its own name, e.g. a GGUF
+path); without one, DEFAULT_MODEL, else what the answer names. The search loop calls
+`search(kind)` and `rounds(n)`. Names and labels are listed in the README's
+metrics table. With several workers the values live in prometheus_client's
+multiprocess files (see common/metrics.py), so a scrape answers for the proxy.
+"""
 from __future__ import annotations
 
-import threading
-from collections import defaultdict
+import json
+import logging
+import time
+from typing import Callable, Iterable, Iterator
 
-TTFB_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-ROUND_BUCKETS = (0, 1, 2, 3, 5, 10, 20)
+from prometheus_client import Counter, Histogram
+
+from common import metrics as common
+from common import sse
+
+from .search.searxng import FAILURE_KINDS
+
+log = logging.getLogger("proxy.metrics")
+
+# Routes whose successful answers carry generated tokens.
+TOKEN_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages",
+                          "/v1/responses"})
+_V1_ROUTES = {"chat", "completions", "embeddings", "models", "responses", "messages"}
+_OWN_ROUTES = {"load", "unload", "running", "upstream", "logs", "healthz", "metrics",
+               "events", "models"}
+# Non-streamed answers larger than this are not parsed for usage.
+MAX_JSON_BYTES = 8 * 1024 * 1024
 
 
-class Histogram:
-    def __init__(self, buckets):
-        self.buckets = tuple(buckets)
-        self.counts = [0] * len(self.buckets)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, v: float) -> None:
-        for i, b in enumerate(self.buckets):
-            if v <= b:
-                self.counts[i] += 1
-        self.sum += v
-        self.count += 1
-
-
-def _labels(d: dict) -> str:
-    if not d:
-        return ""
-    esc = lambda v: str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")  # noqa
-    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in d.items()) + "}"
+def route_label(path: str) -> str:
+    """Bounded metric label for a path."""
+    parts = path.strip("/").split("/")
+    if parts[0] == "v1":
+        if len(parts) > 1 and parts[1] in _V1_ROUTES:
+            return "/v1/" + ("chat/completions" if parts[1] == "chat" else parts[1])
+        return "/v1/other"
+    if parts[0] in _OWN_ROUTES:
+        return "/" + parts[0]
+    return "other"
 
 
 class Metrics:
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.requests = defaultdict(int)          # (route, method, status) -> n
-        self.searches = 0
-        self.search_failures = defaultdict(int)   # kind -> n
-        self.search_rounds = Histogram(ROUND_BUCKETS)
-        self.ttfb = defaultdict(lambda: Histogram(TTFB_BUCKETS))  # route -> hist
+    def __init__(self, resolve: Callable[[str], str | None] | None = None,
+                 default_model: str = ""):
+        """`resolve(name)`: a model's id for an alias (None when unknown)."""
+        self.collectors = r = common.new_registry()
+        self._bounded = common.BoundedLabel()
+        self._resolve = resolve
+        self._resolved: dict[str, str] = {}     # name -> id, once known (bounded below)
+        self._default_model = default_model or None
+        self._requests = Counter(
+            "proxy_requests", "HTTP requests answered, by route, method and status.",
+            ("route", "method", "status"), registry=r)
+        self._duration = Histogram(
+            "proxy_request_duration_seconds", "Seconds from a request's arrival to the last "
+            "byte of its answer, by route.", ("route",), buckets=common.DURATION_BUCKETS,
+            registry=r)
+        self._first_byte = Histogram(
+            "proxy_time_to_first_byte_seconds", "Seconds to the first byte of the answer "
+            "(SSE keep-alive comments included), by route.", ("route",),
+            buckets=common.LATENCY_BUCKETS, registry=r)
+        self._first_token = Histogram(
+            "proxy_time_to_first_token_seconds", "Streamed answers: seconds to the first "
+            "data event, by model.", ("model",), buckets=common.LATENCY_BUCKETS, registry=r)
+        self._prompt_tokens = Counter(
+            "proxy_prompt_tokens", "Prompt (input) tokens of answered requests, by model, "
+            "from the answer's usage.", ("model",), registry=r)
+        self._completion_tokens = Counter(
+            "proxy_completion_tokens", "Completion (output) tokens of answered requests, by "
+            "model, from the answer's usage.", ("model",), registry=r)
+        self._decode_rate = Histogram(
+            "proxy_decode_tokens_per_second", "Generation speed per answer, by model: the "
+            "backend's own figure (llama.cpp timings) or, for streams, completion tokens "
+            "over the time between the first and the last data event.", ("model",),
+            buckets=common.TOKENS_PER_SECOND_BUCKETS, registry=r)
+        self._searches = Counter(
+            "proxy_searches", "Web searches sent to SearXNG.", registry=r)
+        self._search_failures = Counter(
+            "proxy_search_failures", "Failed web searches, by kind.", ("kind",), registry=r)
+        for kind in FAILURE_KINDS:
+            self._search_failures.labels(kind)
+        self._search_rounds = Histogram(
+            "proxy_search_rounds", "Search rounds per chat request with web_search.",
+            buckets=common.COUNT_BUCKETS, registry=r)
 
-    def request(self, route: str, method: str, status: int) -> None:
-        with self._lock:
-            self.requests[(route, method, str(status))] += 1
+    # ------------------------------------------------------------- requests
+    def observe(self, resp, request, t0: float | None):
+        """Count a response to a Flask `request` that arrived at `t0` (perf_counter)
+        and follow its body; returns it (body wrapped if streamed)."""
+        route = route_label(request.path)
+        self._requests.labels(route, request.method, str(resp.status_code)).inc()
+        if t0 is None:
+            return resp
+        answer = None
+        if route in TOKEN_ROUTES and resp.status_code == 200:
+            # The handler has read the body: this is Werkzeug's cached copy.
+            answer = _Answer(self, t0, request.get_data())
+        if resp.is_streamed:
+            is_sse = (resp.mimetype or "") == "text/event-stream"
+            resp.response = self._follow(resp.response, route, t0, answer, is_sse)
+            return resp
+        now = time.perf_counter()
+        self._first_byte.labels(route).observe(now - t0)
+        self._duration.labels(route).observe(now - t0)
+        if answer is not None:
+            body = resp.get_data()
+            if b'"usage"' in body or b'"timings"' in body:
+                answer.json(body)
+            _safely(answer.done)
+        return resp
 
+    def _follow(self, inner: Iterable[bytes], route: str, t0: float, answer, is_sse: bool
+                ) -> Iterator[bytes]:
+        first = True
+        parser = sse.Parser() if answer is not None and is_sse else None
+        body: list[bytes] | None = [] if answer is not None and not is_sse else None
+        size = 0
+        clean = True            # no partial event held by the parser
+        try:
+            for chunk in inner:
+                if chunk:
+                    now = time.perf_counter()
+                    if first:
+                        self._first_byte.labels(route).observe(now - t0)
+                        first = False
+                    if parser is not None:
+                        if clean and answer.first_data is not None and chunk.endswith(b"\n\n") \
+                                and b'"usage"' not in chunk and b'"timings"' not in chunk:
+                            # whole events with nothing to read: only the time counts
+                            if b"data:" in chunk and b"[DONE]" not in chunk:
+                                answer.last_data = now
+                        elif not _safely(lambda: [answer.event(ev, now)
+                                                  for ev in parser.feed(chunk)]):
+                            parser = answer = None          # never break a stream over it
+                        else:
+                            clean = chunk.endswith(b"\n\n")
+                    elif body is not None:
+                        size += len(chunk)
+                        if size <= MAX_JSON_BYTES:
+                            body.append(chunk)
+                yield chunk
+            if parser is not None:
+                end = time.perf_counter()
+                _safely(lambda: [answer.event(ev, end) for ev in parser.flush()])
+            elif body is not None and size <= MAX_JSON_BYTES:
+                _safely(lambda: answer.json(b"".join(body)))
+        finally:
+            close = getattr(inner, "close", None)
+            if close is not None:
+                close()                       # the upstream first; then the bookkeeping
+            self._duration.labels(route).observe(time.perf_counter() - t0)
+            if answer is not None:
+                _safely(answer.done)
+
+    def model_label(self, requested: str | None, answered: str | None) -> str:
+        name = requested or self._default_model
+        if name and self._resolve is not None:
+            known = self._resolved.get(name)
+            if known is None:
+                try:
+                    known = self._resolve(name)
+                except Exception:  # noqa: BLE001 - a label must never fail a request
+                    known = None
+                if known and len(self._resolved) < 256:
+                    self._resolved[name] = known
+            name = known or name
+        return self._bounded(name or answered)
+
+    def tokens(self, model: str, prompt: int | None, completion: int | None,
+               per_second: float | None = None, first_token: float | None = None) -> None:
+        """What one answer said about its tokens (any of them may be unknown)."""
+        label = model
+        if prompt:
+            self._prompt_tokens.labels(label).inc(prompt)
+        if completion:
+            self._completion_tokens.labels(label).inc(completion)
+        if per_second:
+            self._decode_rate.labels(label).observe(per_second)
+        if first_token is not None:
+            self._first_token.labels(label).observe(first_token)
+
+    # ------------------------------------------------------------- search
     def search(self, failure_kind: str | None) -> None:
-        with self._lock:
-            self.searches += 1
-            if failure_kind:
-                self.search_failures[failure_kind] += 1
+        """One SearXNG request ended; `failure_kind` None when it succeeded."""
+        self._searches.inc()
+        if failure_kind:
+            self._search_failures.labels(failure_kind).inc()
 
     def rounds(self, n: int) -> None:
-        with self._lock:
-            self.search_rounds.observe(n)
+        """A chat request with web_search ended after `n` search rounds."""
+        self._search_rounds.observe(n)
 
-    def first_byte(self, route: str, seconds: float) -> None:
-        with self._lock:
-            self.ttfb[route].observe(seconds)
-
-    def render(self) -> str:
-        with self._lock:
-            out = [
-                "# HELP proxy_requests_total HTTP requests answered, by route, method and status.",
-                "# TYPE proxy_requests_total counter",
-            ]
-            for (route, method, status), n in sorted(self.requests.items()):
-                out.append(f"proxy_requests_total{_labels(dict(route=route, method=method, status=status))} {n}")
-            out += ["# HELP proxy_searches_total Web searches sent to SearXNG.",
-                    "# TYPE proxy_searches_total counter",
-                    f"proxy_searches_total {self.searches}",
-                    "# HELP proxy_search_failures_total Failed web searches, by kind.",
-                    "# TYPE proxy_search_failures_total counter"]
-            from .search.searxng import FAILURE_KINDS
-            for kind in FAILURE_KINDS:
-                out.append(f"proxy_search_failures_total{_labels(dict(kind=kind))} "
-                           f"{self.search_failures.get(kind, 0)}")
-            out += ["# HELP proxy_search_rounds Search rounds per chat request with web_search.",
-                    "# TYPE proxy_search_rounds histogram"]
-            out += _hist("proxy_search_rounds", {}, self.search_rounds)
-            out += ["# HELP proxy_time_to_first_byte_seconds Time to the first response byte.",
-                    "# TYPE proxy_time_to_first_byte_seconds histogram"]
-            for route, h in sorted(self.ttfb.items()):
-                out += _hist("proxy_time_to_first_byte_seconds", {"route": route}, h)
-            return "\n".join(out) + "\n"
+    def response(self):
+        return common.response(self.collectors)
 
 
-def _hist(name: str, labels: dict, h: Histogram) -> list[str]:
-    lines = []
-    for b, c in zip(h.buckets, h.counts):
-        lines.append(f"{name}_bucket{_labels({**labels, 'le': f'{b:g}'})} {c}")
-    lines.append(f"{name}_bucket{_labels({**labels, 'le': '+Inf'})} {h.count}")
-    lines.append(f"{name}_sum{_labels(labels)} {h.sum:.6f}")
-    lines.append(f"{name}_count{_labels(labels)} {h.count}")
-    return lines
+class _Answer:
+    """What a successful answer's body says about its model and tokens. Works for
+    chat/completions, Anthropic Messages and Responses shapes, streamed or not:
+    the last value of each usage field wins (streams repeat or grow them)."""
+
+    __slots__ = ("metrics", "t0", "request_body", "model", "prompt", "completion",
+                 "per_second", "timed_prompt", "timed_completion", "first_data", "last_data",
+                 "ended")
+
+    def __init__(self, metrics: Metrics, t0: float, request_body: bytes):
+        self.metrics, self.t0, self.request_body = metrics, t0, request_body
+        self.model = self.prompt = self.completion = self.per_second = None
+        self.timed_prompt = self.timed_completion = None
+        self.first_data = self.last_data = None
+        self.ended = False
+
+    def event(self, ev: sse.Event, now: float) -> None:
+        if ev.data is None or ev.is_done:
+            return
+        first = self.first_data is None
+        if first:
+            self.first_data = now
+        raw = ev.raw
+        if first or b'"usage"' in raw or b'"timings"' in raw:
+            try:
+                obj = json.loads(ev.data)
+            except ValueError:
+                return
+            self.read(obj)
+            if b'"usage"' in raw and not _has_text(obj):
+                return          # a usage-only event comes after the last token
+        self.last_data = now
+
+    def json(self, body: bytes) -> None:
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            return
+        self.read(obj)
+
+    def read(self, obj) -> None:
+        if not isinstance(obj, dict):
+            return
+        for holder in (obj, obj.get("message"), obj.get("response")):
+            if not isinstance(holder, dict):
+                continue
+            if self.model is None and isinstance(holder.get("model"), str):
+                self.model = holder["model"]
+            usage = holder.get("usage")
+            if isinstance(usage, dict):
+                p, c = _usage(usage)
+                self.prompt = p if p is not None else self.prompt
+                self.completion = c if c is not None else self.completion
+        timings = obj.get("timings")        # llama.cpp: also in streams without usage
+        if isinstance(timings, dict):
+            rate = timings.get("predicted_per_second")
+            if isinstance(rate, (int, float)) and rate > 0:
+                self.per_second = float(rate)
+            n, cached = _int(timings.get("prompt_n")), _int(timings.get("cache_n")) or 0
+            self.timed_prompt = None if n is None else n + cached
+            self.timed_completion = _int(timings.get("predicted_n"))
+
+    def done(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        if self.prompt is None and self.completion is None:
+            # A stream without usage (the client did not ask for it): llama.cpp's timings
+            # count the same tokens.
+            self.prompt, self.completion = self.timed_prompt, self.timed_completion
+        rate = self.per_second
+        if rate is None and self.completion and self.completion > 1 \
+                and self.first_data is not None and self.last_data is not None \
+                and self.last_data > self.first_data:
+            rate = (self.completion - 1) / (self.last_data - self.first_data)
+        first_token = None if self.first_data is None else self.first_data - self.t0
+        if self.prompt is None and self.completion is None and first_token is None:
+            return
+        model = self.metrics.model_label(_requested_model(self.request_body), self.model)
+        self.metrics.tokens(model, self.prompt, self.completion, rate, first_token)
+
+
+def _safely(fn) -> bool:
+    """Run a bookkeeping step; a bug in it is logged, never the client's problem."""
+    try:
+        fn()
+        return True
+    except Exception:  # noqa: BLE001
+        log.exception("metrics: could not read an answer")
+        return False
+
+
+def _requested_model(body: bytes) -> str | None:
+    if not body or b'"model"' not in body:
+        return None
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    model = obj.get("model") if isinstance(obj, dict) else None
+    return model if isinstance(model, str) and model else None
+
+
+def _usage(usage: dict) -> tuple[int | None, int | None]:
+    """(prompt, completion) tokens of an OpenAI, Anthropic or Responses usage object."""
+    if "prompt_tokens" in usage or "completion_tokens" in usage:
+        return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+    prompt = _int(usage.get("input_tokens"))
+    if prompt is not None:
+        # Anthropic counts cached prompt tokens apart; Responses has no such keys.
+        prompt += (_int(usage.get("cache_read_input_tokens")) or 0) + \
+            (_int(usage.get("cache_creation_input_tokens")) or 0)
+    return prompt, _int(usage.get("output_tokens"))
+
+
+def _int(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _has_text(obj: dict) -> bool:
+    for ch in obj.get("choices") or []:
+        if isinstance(ch, dict) and (ch.get("delta") or ch.get("text")):
+            return True
+    return False

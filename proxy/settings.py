@@ -1,70 +1,56 @@
-"""Every environment variable the proxy reads, typed, with its default, in one place."""
+"""Every environment variable the proxy reads, typed, with its default, in one place
+(read by common.config: a bad value stops the proxy at start, naming the variable)."""
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import Mapping
 
+from common import config
+from common.config import PORT, setting
 
-def _bool(v: str) -> bool:
-    return v.strip().lower() not in ("0", "false", "no", "off", "")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True)
 class Settings:
     # where requests go: the swapper, or a single llama-server / vLLM
-    BACKEND_URL: str = "http://swapper:9000"
+    BACKEND_URL: str = setting("http://swapper:9000", url=True)
     PROXY_HOST: str = "0.0.0.0"
-    PROXY_PORT: int = 11433
-    PROXY_WORKERS: int = 1              # gunicorn gevent workers (metrics are per worker)
-    CONNECT_TIMEOUT: float = 10.0       # upstream connect timeout; read timeout is unbounded
-    MAX_BODY_BYTES: int = 64 * 1024 * 1024
-    API_KEY: str = ""                   # when set: Bearer required on every route but /healthz
+    PROXY_PORT: int = setting(11433, **PORT)
+    # gunicorn gevent workers; > 1 puts the metrics in multiprocess mode (one set for all)
+    PROXY_WORKERS: int = setting(1, min=1, max=64)
+    # upstream connect timeout; read timeout is unbounded
+    CONNECT_TIMEOUT: float = setting(10.0, min=0.001)
+    MAX_BODY_BYTES: int = setting(64 * 1024 * 1024, min=1)
+    API_KEY: str = setting("", repr=False)  # when set: Bearer required on every route but /healthz
     DEFAULT_MODEL: str = ""             # filled into chat requests that name no model
-    MAX_N: int = 8                      # largest `n` (choices per request) accepted
-    MODELS_TTL: float = 30.0            # cache of the upstream's /v1/models (system prompt, floor)
+    MAX_N: int = setting(8, min=1)      # largest `n` (choices per request) accepted
+    # cache of the upstream's /v1/models (system prompt, floor); 0 = no cache
+    MODELS_TTL: float = setting(30.0, min=0)
 
     # web search
     WEB_SEARCH: bool = True
-    SEARXNG_URL: str = "http://host.docker.internal:8080"
-    SEARXNG_RESULTS: int = 5
-    SEARXNG_TIMEOUT: float = 10.0
-    MAX_SEARCH_ITER: int = 10
-    SEARCH_SNIPPET_CHARS: int = 400
+    SEARXNG_URL: str = setting("http://host.docker.internal:8080", url=True)
+    SEARXNG_RESULTS: int = setting(5, min=1)
+    SEARXNG_TIMEOUT: float = setting(10.0, min=0.001)
+    MAX_SEARCH_ITER: int = setting(10, min=0)
+    SEARCH_SNIPPET_CHARS: int = setting(400, min=0)
     SEARCH_SOURCES: bool = True         # append a "Sources:" block to answers that used search
-    KEEPALIVE_INTERVAL: float = 5.0     # SSE comment while a search runs inside a stream
+    # SSE comment while a search runs inside a stream
+    KEEPALIVE_INTERVAL: float = setting(5.0, min=0.001)
 
     # normalisation
     INJECT_SYSTEM: bool = True
     SYSTEM_PROMPT: str = ""
-    TOOL_MAX_TOKENS_FLOOR: int = 1024   # 0 = off
+    TOOL_MAX_TOKENS_FLOOR: int = setting(1024, min=0)   # 0 = off
 
-    LOG_LEVEL: str = "INFO"
+    LOG_LEVEL: str = setting("INFO", choices=LOG_LEVELS)
+
+    def __post_init__(self):
+        object.__setattr__(self, "BACKEND_URL", self.BACKEND_URL.rstrip("/"))
+        object.__setattr__(self, "SEARXNG_URL", self.SEARXNG_URL.rstrip("/"))
 
     @classmethod
-    def from_env(cls, env: dict | None = None, **overrides) -> "Settings":
-        env = os.environ if env is None else env
-        values = {}
-        for f in fields(cls):
-            if f.name in overrides:
-                values[f.name] = overrides[f.name]
-                continue
-            raw = env.get(f.name)
-            if raw is None:
-                continue
-            typ = f.type if isinstance(f.type, type) else {"str": str, "int": int, "float": float,
-                                                            "bool": bool}[f.type]
-            try:
-                if typ is bool:
-                    values[f.name] = _bool(raw)
-                elif typ is int:
-                    values[f.name] = int(raw)
-                elif typ is float:
-                    values[f.name] = float(raw)
-                else:
-                    values[f.name] = raw
-            except ValueError:
-                raise ValueError(f"environment variable {f.name}={raw!r} is not a valid {typ.__name__}")
-        s = cls(**values)
-        object.__setattr__(s, "BACKEND_URL", s.BACKEND_URL.rstrip("/"))
-        object.__setattr__(s, "SEARXNG_URL", s.SEARXNG_URL.rstrip("/"))
-        return s
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
+        """Raises common.config.ConfigError (a ValueError) naming a bad variable."""
+        return config.load(cls, env, **overrides)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common.config import ConfigError
+from common.config import exit_on_error
 
 from .registry import Registry, RegistryError
 from .settings import Settings
 
 
-def check_registry(settings: Settings) -> int:
+def validate_registry(settings: Settings) -> int:
+    """0 when the registry and the settings naming its models are valid; else
+    1 (registry) or 2 (a setting), with the reason on stderr."""
     try:
         registry = Registry.load(settings.backends_dir, settings.env, settings.default_model)
     except RegistryError as e:
@@ -35,14 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="validate the registry (BACKENDS_DIR), list its models, exit")
     args = parser.parse_args(argv)
-    try:
-        settings = Settings.from_env()
-    except ConfigError as e:
-        print(f"invalid configuration: {e}", file=sys.stderr)
-        return 2
+    settings = exit_on_error(Settings.from_env, "swapper")   # bad value: one line, exit 2
     if args.check:
-        return check_registry(settings)
-    rc = check_registry(settings)
+        return validate_registry(settings)
+    rc = validate_registry(settings)
     if rc:
         return rc
 

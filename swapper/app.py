@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from flask import Flask, Response, jsonify, request, stream_with_context
 
 from common.errors import ApiError, install_error_handlers
-from common.metrics import CONTENT_TYPE
 from common.streaming import NO_BUFFERING
 
 from .driver import Driver
@@ -107,8 +106,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
 
     @app.get("/metrics")
     def metrics():
-        return Response(sw.metrics.render(), mimetype=CONTENT_TYPE.split(";")[0],
-                        content_type=CONTENT_TYPE)
+        return sw.metrics.response()
 
     def described(spec: ModelSpec) -> dict:
         return {**spec.public(), "status": sw.scheduler.model_status(spec.id)}

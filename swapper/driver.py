@@ -114,8 +114,7 @@ class Driver:
                                                                       line))
             self.last_load_seconds = self._clock() - t0
             self.adopted = True        # start() removed whatever was there
-            self.metrics.loads.inc(model=spec.id, result="ok")
-            self.metrics.load_seconds.observe(self.last_load_seconds, model=spec.id)
+            self.metrics.load_done(spec.id, self.last_load_seconds, ok=True)
         except BackendError as e:
             log.error("load failed: %s", e)
             error = LoadFailed(str(e), e.kind)
@@ -127,7 +126,7 @@ class Driver:
                 raise
         finally:
             if error is not None:
-                self.metrics.loads.inc(model=spec.id, result="failed")
+                self.metrics.load_done(spec.id, 0.0, ok=False)
             self.scheduler.load_done(action.epoch, backend=backend, error=error)
 
     def _stop(self, action: Action) -> None:
@@ -137,6 +136,7 @@ class Driver:
         target = backend if backend is not None and backend.model == action.model \
             else action.model
         log.info("stopping model %s", action.model)
+        t0 = self._clock()
         delay = 1.0
         while True:
             try:
@@ -147,7 +147,7 @@ class Driver:
                           action.model, delay, e)
                 self._sleep(delay)
                 delay = min(delay * 2, 30)
-        self.metrics.swaps.inc(model=action.model)
+        self.metrics.unloaded(action.model, self._clock() - t0)
         self.scheduler.stop_done()
 
     # ------------------------------------------------------------------ watch
@@ -182,5 +182,5 @@ class Driver:
             self._sleep(0.05)
         if not running and self.scheduler.crashed(backend, reason):
             log.error("model %s crashed: %s", backend.model, reason)
-            self.metrics.crashes.inc(model=backend.model)
+            self.metrics.crashed(backend.model)
         return running

@@ -52,7 +52,7 @@ class Lease:
             self.finished = True
         a = self._admission
         a.scheduler.release(self.ticket, ok=cause is None and status < 500)
-        a.metrics.requests.inc(model=self.model, status=str(status))
+        a.metrics.request_done(self.model, status)
         if cause in BACKEND_CAUSES and self.backend is not None:
             return a.driver.alive(self.backend, confirm=CONFIRM_DEAD_SECONDS)
         return True
@@ -105,7 +105,7 @@ class Admission:
         try:
             return self.scheduler.submit_many(model, count)
         except QueueFull as e:
-            self.metrics.rejected.inc(reason="queue_full")
+            self.metrics.rejected("queue_full")
             raise failure("queue_full", str(e),
                           headers={"Retry-After": str(e.retry_after)}) from None
 
@@ -129,7 +129,7 @@ class Admission:
             self.scheduler.cancel(ticket)
             raise
         if ticket.model is not None:
-            self.metrics.queue_seconds.observe(time.monotonic() - t0, model=ticket.model)
+            self.metrics.queued(ticket.model, time.monotonic() - t0)
         return True
 
 

@@ -1,27 +1,126 @@
-"""The swapper's Prometheus series."""
+"""The swapper's Prometheus series, written through one method per event.
+
+Callers say what happened (`request_done`, `queued`, `rejected`, `load_done`,
+`unloaded`, `crashed`); this module alone knows the series, their names and
+labels (listed in the README's metrics table). The swapper is one process, so
+there is no multiprocess mode here. Queue depth, in-flight requests and the
+resident model are read from the scheduler's snapshot at scrape time.
+"""
 from __future__ import annotations
 
-from common.metrics import Registry
+import threading
+import time
+from typing import Callable
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from common import metrics as common
+
+# A load that starts within this many seconds of the previous model's stop
+# ending is the second half of a swap.
+SWAP_GAP = 1.0
 
 
 class SwapperMetrics:
-    def __init__(self, snapshot=None):
-        r = self.registry = Registry()
-        self.requests = r.counter("swapper_requests_total",
-                                  "Requests answered, by model and HTTP status.", ("model", "status"))
-        self.loads = r.counter("swapper_loads_total", "Model loads, by result.", ("model", "result"))
-        self.load_seconds = r.summary("swapper_load_seconds",
-                                      "Seconds from container start to healthy.", ("model",))
-        self.swaps = r.counter("swapper_unloads_total", "Backends stopped (swaps, unloads, TTL, crashes).",
-                               ("model",))
-        self.crashes = r.counter("swapper_crashes_total", "Backends found dead.", ("model",))
-        self.queue_seconds = r.summary("swapper_queue_seconds",
-                                       "Seconds requests waited before admission.", ("model",))
-        self.rejected = r.counter("swapper_rejected_total", "Requests refused, by reason.", ("reason",))
+    def __init__(self, snapshot: Callable[[], dict] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.collectors = r = common.new_registry()
+        self._clock = clock
+        self._requests = Counter(
+            "swapper_requests", "Requests answered, by model and HTTP status.",
+            ("model", "status"), registry=r)
+        self._queue_wait = Histogram(
+            "swapper_queue_wait_seconds", "Seconds a request waited for a slot (loads and "
+            "swaps included), by model.", ("model",), buckets=common.DURATION_BUCKETS, registry=r)
+        self._rejected = Counter(
+            "swapper_rejected", "Requests refused before a slot, by reason.", ("reason",),
+            registry=r)
+        self._loads = Counter(
+            "swapper_loads", "Model loads, by result (ok, failed).", ("model", "result"),
+            registry=r)
+        self._load_seconds = Histogram(
+            "swapper_load_seconds", "Seconds from container start to healthy (successful "
+            "loads).", ("model",), buckets=common.LOAD_BUCKETS, registry=r)
+        self._unloads = Counter(
+            "swapper_unloads", "Backends stopped (swaps, unloads, idle TTL, crashes).",
+            ("model",), registry=r)
+        self._unload_seconds = Histogram(
+            "swapper_unload_seconds", "Seconds to stop and remove a backend.", ("model",),
+            buckets=common.LOAD_BUCKETS, registry=r)
+        self._swap_seconds = Histogram(
+            "swapper_swap_seconds", "Seconds from the start of the resident model's stop "
+            "to the next model being ready, by the model swapped in.", ("model",),
+            buckets=common.LOAD_BUCKETS, registry=r)
+        self._crashes = Counter(
+            "swapper_crashes", "Backends found dead.", ("model",), registry=r)
+        self._lock = threading.Lock()
+        self._last_stop: tuple[str, float, float] | None = None   # model, started, ended
         if snapshot is not None:
-            r.gauge("swapper_queue_depth", "Requests waiting.", func=lambda: snapshot()["queued"])
-            r.gauge("swapper_in_flight", "Requests admitted to the backend.",
-                    func=lambda: snapshot()["in_flight"])
+            r.register(_SchedulerCollector(snapshot))
 
-    def render(self) -> str:
-        return self.registry.render()
+    # ------------------------------------------------------------- requests
+    def request_done(self, model: str, status: int | str) -> None:
+        """An admitted request ended with this HTTP status (499: client went away)."""
+        self._requests.labels(model, str(status)).inc()
+
+    def queued(self, model: str, seconds: float) -> None:
+        """A request got its slot after waiting `seconds`."""
+        self._queue_wait.labels(model).observe(seconds)
+
+    def rejected(self, reason: str) -> None:
+        """A request was refused before admission (queue_full...)."""
+        self._rejected.labels(reason).inc()
+
+    # ------------------------------------------------------------- backends
+    def load_done(self, model: str, seconds: float, ok: bool) -> None:
+        """A load ended: healthy after `seconds`, or failed."""
+        self._loads.labels(model, "ok" if ok else "failed").inc()
+        with self._lock:
+            stop, self._last_stop = self._last_stop, None
+        if not ok:
+            return
+        self._load_seconds.labels(model).observe(seconds)
+        if stop is not None:
+            stopped, started, ended = stop
+            load_started = self._clock() - seconds
+            if stopped != model and load_started - ended <= SWAP_GAP:
+                self._swap_seconds.labels(model).observe(self._clock() - started)
+
+    def unloaded(self, model: str, seconds: float) -> None:
+        """The backend of `model` was stopped and removed, which took `seconds`."""
+        self._unloads.labels(model).inc()
+        self._unload_seconds.labels(model).observe(seconds)
+        now = self._clock()
+        with self._lock:
+            self._last_stop = (model, now - seconds, now)
+
+    def crashed(self, model: str) -> None:
+        """The resident backend was found dead."""
+        self._crashes.labels(model).inc()
+
+    def response(self):
+        return common.response(self.collectors)
+
+
+class _SchedulerCollector:
+    """Gauges read from the scheduler's snapshot when scraped."""
+
+    def __init__(self, snapshot: Callable[[], dict]):
+        self._snapshot = snapshot
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        snap = self._snapshot()
+        yield GaugeMetricFamily("swapper_queue_depth", "Requests waiting for a slot.",
+                                value=snap["queued"])
+        yield GaugeMetricFamily("swapper_in_flight", "Requests admitted to the backend.",
+                                value=snap["in_flight"])
+        resident = GaugeMetricFamily(
+            "swapper_resident", "1 for the model holding the backend, labelled with its "
+            "phase (loading, ready, stopping); no sample when none is.", labels=("model", "phase"))
+        if snap.get("model"):
+            resident.add_metric((snap["model"], snap["state"]), 1)
+        yield resident

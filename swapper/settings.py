@@ -1,73 +1,53 @@
-"""Every environment variable the swapper reads, typed, with its default."""
+"""Every environment variable the swapper reads, typed, with its default
+(read by common.config: a bad value stops the swapper at start, naming the variable)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from common.config import env_bool, env_float, env_int, env_str
+from common import config
+from common.config import PORT, setting
 
 _REPO_BACKENDS = Path(__file__).resolve().parent.parent / "backends"
 
 
 @dataclass(frozen=True)
 class Settings:
-    host: str = "0.0.0.0"
-    port: int = 9000
-    backends_dir: str = str(_REPO_BACKENDS)
-    default_model: str | None = None
-    stack_name: str = "coding-stack"
-    max_queue: int = 64
+    host: str = setting("0.0.0.0", env="SWAPPER_HOST")
+    port: int = setting(9000, env="SWAPPER_PORT", **PORT)
+    backends_dir: str = setting(str(_REPO_BACKENDS), env="BACKENDS_DIR")
+    default_model: str | None = setting(None, env="DEFAULT_MODEL")
+    stack_name: str = setting("coding-stack", env="STACK_NAME")
+    max_queue: int = setting(64, env="MAX_QUEUE", min=1)
     # Where the backend's internal port is published on the host (direct access).
-    publish_port: int = 18080
-    publish_bind: str = "127.0.0.1"
+    publish_port: int = setting(18080, env="BACKEND_PUBLISH_PORT", **PORT)
+    publish_bind: str = setting("127.0.0.1", env="BACKEND_BIND")
     # The stack's Docker network. Set (compose does): the swapper reaches the
     # backend by container name. Unset: through the published port on backend_host.
-    docker_network: str | None = None
-    backend_host: str = "127.0.0.1"
+    docker_network: str | None = setting(None, env="DOCKER_NETWORK")
+    backend_host: str = setting("127.0.0.1", env="BACKEND_HOST")
     # Host folder that relative volume paths in backends/ are resolved against
     # (the Docker daemon needs host paths, also when the swapper runs in a container).
-    host_dir: str = str(_REPO_BACKENDS.parent)
-    connect_timeout: float = 10.0
-    health_interval: float = 0.025
-    watch_interval: float = 1.0
-    backoff_base: float = 2.0
-    backoff_max: float = 60.0
-    pull_images: bool = True
-    log_tail: int = 40
-    max_n: int = 8
-    keepalive_interval: float = 5.0      # SSE comment while a streamed request waits
-    preload: str | None = None           # model loaded when the swapper starts
-    idle_model: str | None = None        # model swapped back in when another's idle_ttl ends
-    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    host_dir: str = setting(str(_REPO_BACKENDS.parent), env="HOST_DIR")
+    connect_timeout: float = setting(10.0, env="CONNECT_TIMEOUT", min=0.001)
+    health_interval: float = setting(0.025, env="HEALTH_INTERVAL", min=0.001)
+    watch_interval: float = setting(1.0, env="WATCH_INTERVAL", min=0.01)
+    backoff_base: float = setting(2.0, env="CRASH_BACKOFF", min=0)
+    backoff_max: float = setting(60.0, env="CRASH_BACKOFF_MAX", min=0)
+    pull_images: bool = setting(True, env="PULL_IMAGES")
+    log_tail: int = setting(40, env="LOG_TAIL", min=0)
+    max_n: int = setting(8, env="MAX_N", min=1)
+    # SSE comment interval while a streamed request waits (load, swap, queue).
+    keepalive_interval: float = setting(5.0, env="KEEPALIVE_INTERVAL", min=0.05)
+    preload: str | None = setting(None, env="PRELOAD")         # loaded when the swapper starts
+    idle_model: str | None = setting(None, env="IDLE_MODEL")   # swapped back in after an idle_ttl
+    # The whole environment: backends/ interpolates ${VAR:-default} from it.
+    env: Mapping[str, str] = setting({}, read=False, repr=False)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
+        """Raises common.config.ConfigError naming a bad variable."""
         e = dict(os.environ if env is None else env)
-        d = cls()
-        return cls(
-            host=env_str(e, "SWAPPER_HOST", d.host),
-            port=env_int(e, "SWAPPER_PORT", d.port),
-            backends_dir=env_str(e, "BACKENDS_DIR", d.backends_dir),
-            default_model=env_str(e, "DEFAULT_MODEL", "") or None,
-            stack_name=env_str(e, "STACK_NAME", d.stack_name),
-            max_queue=env_int(e, "MAX_QUEUE", d.max_queue),
-            publish_port=env_int(e, "BACKEND_PUBLISH_PORT", d.publish_port),
-            publish_bind=env_str(e, "BACKEND_BIND", d.publish_bind),
-            docker_network=env_str(e, "DOCKER_NETWORK", "") or None,
-            backend_host=env_str(e, "BACKEND_HOST", d.backend_host),
-            host_dir=env_str(e, "HOST_DIR", d.host_dir),
-            connect_timeout=env_float(e, "CONNECT_TIMEOUT", d.connect_timeout),
-            health_interval=env_float(e, "HEALTH_INTERVAL", d.health_interval),
-            watch_interval=env_float(e, "WATCH_INTERVAL", d.watch_interval),
-            backoff_base=env_float(e, "CRASH_BACKOFF", d.backoff_base),
-            backoff_max=env_float(e, "CRASH_BACKOFF_MAX", d.backoff_max),
-            pull_images=env_bool(e, "PULL_IMAGES", d.pull_images),
-            log_tail=env_int(e, "LOG_TAIL", d.log_tail),
-            max_n=env_int(e, "MAX_N", d.max_n),
-            keepalive_interval=env_float(e, "KEEPALIVE_INTERVAL", d.keepalive_interval),
-            preload=env_str(e, "PRELOAD", "") or None,
-            idle_model=env_str(e, "IDLE_MODEL", "") or None,
-            env=e,
-        )
+        return config.load(cls, e, env=e, **overrides)

@@ -5,6 +5,7 @@ import pytest
 import requests
 
 from tests.support.chat import Reply, call, search
+from tests.support.metrics import scrape
 from tests.support.searxng import make_results
 
 from tests.support.ask import ask, check_stream_shape
@@ -204,8 +205,7 @@ def test_searxng_failures_told_to_model(make_proxy, chat, searx, stream, mode):
     kind, words = FAILURES[mode]
     tool = tool_msgs(chat.requests[1])[0]["content"]
     assert words in tool and "failed" in tool
-    metrics = requests.get(proxy + "/metrics").text
-    assert f'proxy_search_failures_total{{kind="{kind}"}} 1' in metrics
+    assert scrape(proxy).value("proxy_search_failures_total", kind=kind) == 1
 
 
 def test_searxng_limiter_blocks_python_requests_agent(searx):
@@ -263,8 +263,9 @@ def test_stream_usage_summed_over_rounds(proxy, chat):
 def test_metrics_count_searches_and_rounds(proxy, chat):
     chat.script(Reply(tool_calls=[search("a"), search("b")]), Reply(content="x"))
     ask(proxy, {"messages": USER}, False)
-    m = requests.get(proxy + "/metrics").text
-    assert "proxy_searches_total 2" in m
-    assert "proxy_search_rounds_count 1" in m and "proxy_search_rounds_sum 1" in m
-    assert 'proxy_requests_total{route="/v1/chat/completions",method="POST",status="200"} 1' in m
-    assert 'proxy_time_to_first_byte_seconds_count{route="/v1/chat/completions"} 1' in m
+    m = scrape(proxy)
+    assert m.value("proxy_searches_total") == 2
+    assert m.value("proxy_search_rounds_count") == 1 and m.value("proxy_search_rounds_sum") == 1
+    assert m.value("proxy_requests_total", route="/v1/chat/completions", method="POST",
+                   status="200") == 1
+    assert m.value("proxy_time_to_first_byte_seconds_count", route="/v1/chat/completions") == 1

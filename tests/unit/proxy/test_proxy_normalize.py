@@ -102,12 +102,3 @@ def test_not_json():
 ])
 def test_should_inject(body, settings, expect):
     assert loop.should_inject(body, Settings.from_env({}, **settings)) is expect
-
-
-def test_settings_from_env_types():
-    s = Settings.from_env({"WEB_SEARCH": "0", "PROXY_PORT": "1234", "SEARXNG_TIMEOUT": "2.5",
-                           "BACKEND_URL": "http://x:1/"})
-    assert s.WEB_SEARCH is False and s.PROXY_PORT == 1234 and s.SEARXNG_TIMEOUT == 2.5
-    assert s.BACKEND_URL == "http://x:1"
-    with pytest.raises(ValueError, match="PROXY_PORT"):
-        Settings.from_env({"PROXY_PORT": "abc"})

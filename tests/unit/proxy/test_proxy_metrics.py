@@ -1,0 +1,152 @@
+"""proxy.metrics.Metrics.observe on answers in the exact wire shapes of the three
+dialects (taken from llama-server's output), split across chunks in awkward
+places; read back with prometheus_client's parser."""
+import json
+
+import pytest
+from flask import Flask, Response, request
+
+from common.metrics import exposition
+from proxy.metrics import Metrics, route_label
+from tests.support.metrics import Scrape
+
+APP = Flask("t")
+
+
+def sse(*objs, crlf=False) -> bytes:
+    out = b"".join(b"data: " + json.dumps(o).encode() + b"\n\n" for o in objs) + b"data: [DONE]\n\n"
+    return out.replace(b"\n", b"\r\n") if crlf else out
+
+
+def chunk(text="x", **extra):
+    return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+            "model": "/models/x.gguf", "object": "chat.completion.chunk", **extra}
+
+
+USAGE = {"prompt_tokens": 33, "completion_tokens": 3, "total_tokens": 36}
+TIMINGS = {"cache_n": 30, "prompt_n": 3, "predicted_n": 3, "predicted_per_second": 9.5}
+CHAT_STREAM = sse(chunk("a"), chunk("b"), chunk("c"),
+                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+                   "model": "/models/x.gguf", "timings": TIMINGS},
+                  {"choices": [], "model": "/models/x.gguf", "usage": USAGE})
+
+
+def run(metrics, body_parts, *, path="/v1/chat/completions", status=200, stream=True,
+        request_json=None, mimetype=None):
+    mimetype = mimetype or ("text/event-stream" if stream else "application/json")
+    with APP.test_request_context(path, method="POST",
+                                  json=request_json or {"model": "tiny", "messages": []}):
+        request.get_data()                       # as the handlers do
+        if stream:
+            resp = Response(iter(body_parts), status=status, mimetype=mimetype)
+        else:
+            resp = Response(b"".join(body_parts), status=status, mimetype=mimetype)
+        resp = metrics.observe(resp, request, 0.0)
+        if resp.is_streamed:
+            for _ in resp.response:
+                pass
+            resp.response.close()
+    return Scrape(exposition(metrics.collectors).decode())
+
+
+def split_every(data: bytes, n: int) -> list[bytes]:
+    return [data[i:i + n] for i in range(0, len(data), n)]
+
+
+@pytest.mark.parametrize("parts", [
+    [CHAT_STREAM],                                   # one chunk
+    split_every(CHAT_STREAM, 7),                     # events and markers split anywhere
+    CHAT_STREAM.splitlines(keepends=True),           # each line, blank ones apart
+], ids=["whole", "every-7-bytes", "line-by-line"])
+def test_chat_stream_usage_however_chunked(parts):
+    s = run(Metrics(), parts)
+    assert s.value("proxy_prompt_tokens_total", model="tiny") == 33
+    assert s.value("proxy_completion_tokens_total", model="tiny") == 3
+    assert s.value("proxy_time_to_first_token_seconds_count", model="tiny") == 1
+    assert s.value("proxy_decode_tokens_per_second_sum", model="tiny") == 9.5
+
+
+def test_crlf_stream_and_timings_without_usage():
+    body = sse(chunk("a"), {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                            "timings": TIMINGS}, crlf=True)
+    s = run(Metrics(), split_every(body, 5))
+    assert s.value("proxy_prompt_tokens_total", model="tiny") == 33      # prompt_n + cache_n
+    assert s.value("proxy_completion_tokens_total", model="tiny") == 3
+
+
+def test_anthropic_stream_and_responses_json():
+    m = Metrics()
+    events = (
+        b'event: message_start\ndata: {"type":"message_start","message":{"model":"/m.gguf",'
+        b'"usage":{"cache_read_input_tokens":32,"input_tokens":1,"output_tokens":0}}}\n\n'
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        b'"delta":{"type":"text_delta","text":"Hi"}}\n\n'
+        b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":'
+        b'"max_tokens"},"usage":{"output_tokens":4}}\n\n'
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    run(m, split_every(events, 11), path="/v1/messages")
+    s = run(m, [json.dumps({"object": "response", "model": "/m.gguf", "usage": {
+        "input_tokens": 33, "output_tokens": 4, "input_tokens_details": {"cached_tokens": 32}}}
+    ).encode()], path="/v1/responses", stream=False)
+    assert s.value("proxy_prompt_tokens_total", model="tiny") == 33 + 33
+    assert s.value("proxy_completion_tokens_total", model="tiny") == 4 + 4
+    assert s.value("proxy_requests_total", route="/v1/messages", status="200") == 1
+
+
+def test_streamed_json_answer_and_errors_not_counted():
+    m = Metrics()
+    body = json.dumps({"model": "x", "choices": [], "usage": USAGE}).encode()
+    run(m, split_every(body, 9), mimetype="application/json")
+    s = run(m, [json.dumps({"error": {"message": "no", "type": "x", "code": None},
+                            "usage": USAGE}).encode()], status=503, stream=False)
+    assert s.value("proxy_prompt_tokens_total") == 33
+    assert s.value("proxy_requests_total", status="503") == 1
+
+
+def test_model_label_resolves_aliases_and_falls_back():
+    asked = []
+
+    def resolve(name):          # the catalog: may fetch /v1/models, so asked once per name
+        asked.append(name)
+        return {"a": "tiny-a"}.get(name)
+
+    m = Metrics(resolve=resolve, default_model="tiny-d")
+    run(m, [CHAT_STREAM], request_json={"model": "a", "messages": []})
+    run(m, [CHAT_STREAM], request_json={"model": "a", "messages": []})
+    assert asked == ["a"]
+    run(m, [CHAT_STREAM], request_json={"messages": []})
+    s = run(Metrics(), [CHAT_STREAM], request_json={"messages": []})
+    assert s.labels("proxy_prompt_tokens_total", "model") == {"/models/x.gguf"}
+    s = Scrape(exposition(m.collectors).decode())
+    assert s.labels("proxy_prompt_tokens_total", "model") == {"tiny-a", "tiny-d"}
+    assert s.value("proxy_prompt_tokens_total", model="tiny-a") == 2 * 33
+
+
+@pytest.mark.parametrize("path, label", [
+    ("/v1/chat/completions", "/v1/chat/completions"), ("/v1/messages", "/v1/messages"),
+    ("/v1/files/abc", "/v1/other"), ("/load/x", "/load"), ("/../etc", "other"),
+])
+def test_route_label(path, label):
+    assert route_label(path) == label
+
+
+def test_a_bookkeeping_bug_never_breaks_the_answer(monkeypatch):
+    import proxy.metrics as pm
+
+    def broken(self, *a):
+        raise RuntimeError("metrics bug")
+
+    monkeypatch.setattr(pm._Answer, "event", broken)
+    monkeypatch.setattr(pm._Answer, "done", broken)
+    m = Metrics()
+    with APP.test_request_context("/v1/chat/completions", method="POST", json={"model": "t"}):
+        request.get_data()
+        resp = m.observe(Response(iter(split_every(CHAT_STREAM, 7)),
+                                  mimetype="text/event-stream"), request, 0.0)
+        assert b"".join(resp.response) == CHAT_STREAM
+        resp.response.close()
+        resp = m.observe(Response(json.dumps({"usage": USAGE}), mimetype="application/json"),
+                         request, 0.0)
+        assert resp.get_json() == {"usage": USAGE}
+    s = Scrape(exposition(m.collectors).decode())
+    assert s.value("proxy_requests_total", status="200") == 2
