@@ -7,6 +7,7 @@ and paths do not depend on the folder `docker compose` runs from.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -105,7 +106,8 @@ def test_env_example_values_are_the_code_defaults():
 def test_the_model_variables_are_the_ones_backends_interpolates():
     models_table = readme_tables()["Models"]
     used: dict[str, str | None] = {}
-    for path in (REPO / "backends" / "models").glob("*.yaml"):
+    for path in [*(REPO / "backends" / "models").glob("*.yaml"),
+                 *(REPO / "backends" / "kinds").glob("*.yaml")]:
         for var, default in re.findall(r"\$\{([A-Z0-9_]+)(?::-([^}]*))?\}", path.read_text()):
             used.setdefault(var, default or None)
     used.pop("STACK_NAME", None)          # the swapper's own (Swapper table)
@@ -119,8 +121,8 @@ def test_every_variable_the_code_reads_is_documented():
     proxy_doc = set(tables["Proxy"]) | set(tables["Fixed by compose"]) | {"PROXY_PORT"}
     missing = {f for f in ProxySettings.__dataclass_fields__} - proxy_doc
     assert not missing, f"the proxy reads {sorted(missing)}: document them (README, .env.example)"
-    read = set(re.findall(r'env_\w+\(e, "([A-Z0-9_]+)"',
-                          (REPO / "swapper" / "settings.py").read_text()))
+    from common.config import env_name
+    read = {env_name(f) for f in dataclasses.fields(SwapperSettings) if f.metadata.get("read")}
     assert read, "the swapper's settings changed shape: adapt this test"
     swapper_doc = set(tables["Swapper"]) | set(tables["Fixed by compose"])
     missing = read - swapper_doc
