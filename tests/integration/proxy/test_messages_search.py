@@ -9,6 +9,7 @@ import requests
 
 from tests.support.chat import Reply, call, search
 from tests.support.dialects import ScriptedDialects
+from tests.support.metrics import scrape
 from tests.support.searxng import make_results
 
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["full", "stream"])
@@ -372,8 +373,9 @@ def test_metrics_count_dialect_searches(proxy, chat, searx, stream):
     chat.script(Reply(tool_calls=[search("c")]), Reply(content="y"))
     requests.post(proxy + "/v1/responses", timeout=30, json={
         "model": "m", "input": "q", "tools": [{"type": "web_search"}], "stream": stream})
-    m = requests.get(proxy + "/metrics").text
-    assert "proxy_searches_total 3" in m
-    assert "proxy_search_rounds_count 2" in m and "proxy_search_rounds_sum 2" in m
-    assert 'proxy_requests_total{route="/v1/messages",method="POST",status="200"} 1' in m
-    assert 'proxy_requests_total{route="/v1/responses",method="POST",status="200"} 1' in m
+    m = scrape(proxy)
+    assert m.value("proxy_searches_total") == 3
+    assert m.value("proxy_search_rounds_count") == 2 and m.value("proxy_search_rounds_sum") == 2
+    assert m.value("proxy_requests_total", route="/v1/messages", method="POST", status="200") == 1
+    assert m.value("proxy_requests_total", route="/v1/responses", method="POST",
+                   status="200") == 1
