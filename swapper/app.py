@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from flask import Flask, Response, jsonify, request, stream_with_context
 
 from common.errors import ApiError, install_error_handlers
+from common.guard import harden
 from common.metrics import CONTENT_TYPE
 
 from .admission import slot, wait_admitted
 from .driver import Driver
+from . import intake
 from .fanout import FANOUT_PATHS, FanOut, requested_n, serves_natively
 from .forward import Forwarder
 from .metrics import SwapperMetrics
@@ -57,6 +59,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     app = Flask("swapper")
     app.extensions["swapper"] = sw
+    harden(app)
     install_error_handlers(app)
 
     def resolve(name: str | None) -> ModelSpec:
@@ -108,14 +111,14 @@ def create_app(settings: Settings | None = None) -> Flask:
     @app.route("/load", methods=["GET", "POST"])
     @app.route("/load/<path:name>", methods=["GET", "POST"])
     def load(name: str | None = None):
-        if name is None and request.is_json:
-            name = (request.get_json(silent=True) or {}).get("model")
-        spec = resolve(name)
+        spec = resolve(intake.load_target(name, request.get_data(cache=False)))
         t0 = time.monotonic()
-        with slot(sw.scheduler, spec.id, request.environ, sw.metrics):
-            pass
-        return jsonify({"loaded": spec.id, "running": sw.scheduler.model,
-                        "seconds": round(time.monotonic() - t0, 3)})
+        with slot(sw.scheduler, spec.id, request.environ, sw.metrics) as ticket:
+            seconds = round(time.monotonic() - t0, 3)
+            upstream_status = _health_status(sw, ticket, spec)
+        running = sw.scheduler.model
+        return jsonify({"loaded": spec.id, "running": [running] if running else [],
+                        "seconds": seconds, "upstream_status": upstream_status})
 
     @app.route("/unload", methods=["GET", "POST"])
     def unload():
@@ -140,7 +143,7 @@ def create_app(settings: Settings | None = None) -> Flask:
                                                         "Cache-Control": "no-cache"})
 
     # -------------------------------------------------------------- traffic
-    @app.route("/upstream/<name>/", defaults={"path": ""},
+    @app.route("/upstream/<name>", defaults={"path": ""},
                methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
     @app.route("/upstream/<name>/<path:path>",
                methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
@@ -148,21 +151,22 @@ def create_app(settings: Settings | None = None) -> Flask:
         spec = resolve(name)
         return pass_through(spec, path, request.get_data(cache=False))
 
-    @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
+                                           "OPTIONS"])
     def v1(path: str):
+        if request.method == "OPTIONS":
+            allowed = intake.allowed_methods(path)
+            if allowed is None:
+                intake.route_of(path, "OPTIONS")        # raises the 404
+            return Response(status=204, headers={"Allow": ", ".join(allowed)})
         body = request.get_data(cache=False)
-        name = None
-        if body and request.mimetype in ("application/json", "") and body.lstrip()[:1] == b"{":
-            try:
-                payload = json.loads(body)
-            except ValueError as e:
-                raise ApiError(f"request body is not valid JSON: {e}", 400) from None
-            name = payload.get("model")
-            if name is not None and not isinstance(name, str):
-                raise ApiError("'model' must be a string", 400)
-            spec = resolve(name)
+        req = intake.parse_v1(path, request.method, body)
+        spec = resolve(req.model or sw.scheduler.model)
+        intake.require_vision(spec.id, spec.vision, req.route, req.payload)
+        payload = req.payload
+        if payload is not None:
             n = requested_n(payload, settings.max_n) if f"v1/{path}" in FANOUT_PATHS else 1
-            if name != spec.id:
+            if payload.get("model") != spec.id:
                 # Backends know the model by its id (vLLM: --served-model-name).
                 payload["model"] = spec.id
                 body = json.dumps(payload).encode()
@@ -170,14 +174,28 @@ def create_app(settings: Settings | None = None) -> Flask:
                 ticket = wait_admitted(sw.scheduler, spec.id, request.environ, sw.metrics)
                 return sw.fanout.run(ticket, spec, f"v1/{path}", request.query_string.decode(),
                                      request.headers, payload, n)
-        else:
-            spec = resolve(None)
-        return pass_through(spec, f"v1/{path}", body)
+        headers = request.headers
+        if payload is not None and request.mimetype != "application/json":
+            # A JSON body sent as a form (curl -d): tell the backend what it is.
+            headers = {**dict(headers), "Content-Type": "application/json"}
+        return pass_through(spec, f"v1/{path}", body, headers)
 
-    def pass_through(spec: ModelSpec, path: str, body: bytes):
+    def pass_through(spec: ModelSpec, path: str, body: bytes, headers=None):
         ticket = wait_admitted(sw.scheduler, spec.id, request.environ, sw.metrics)
         return sw.forwarder.forward(ticket, request.method, path,
-                                    request.query_string.decode(), request.headers, body or None,
-                                    request.environ)
+                                    request.query_string.decode(),
+                                    request.headers if headers is None else headers,
+                                    body or None, request.environ)
 
     return app
+
+
+def _health_status(sw: Swapper, ticket, spec: ModelSpec) -> int | None:
+    """The HTTP status of the loaded backend's health path (None: no answer)."""
+    try:
+        r = sw.forwarder.session.get(sw.forwarder.url(ticket, spec.health_path, ""),
+                                     timeout=(sw.settings.connect_timeout, 10))
+        r.close()
+        return r.status_code
+    except Exception:  # noqa: BLE001 - reported as null, the load itself succeeded
+        return None
