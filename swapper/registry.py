@@ -46,6 +46,7 @@ MODEL_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "system_prompt": (str, False),
     "max_tokens_floor": (int, False),
     "native_n": (bool, False),
+    "vision": (bool, False),
     "healthcheck": (list, False),
 }
 
@@ -82,6 +83,7 @@ class ModelSpec:
     max_tokens_floor: int | None = None
     native_n: bool | None = None
     healthcheck: tuple[str, ...] = ()
+    vision: bool = False            # takes image parts (llama.cpp: has an --mmproj)
 
     @property
     def uses_gpu(self) -> bool:
@@ -109,6 +111,7 @@ class ModelSpec:
             "gpus": list(self.gpus),
             "system_prompt": self.system_prompt,
             "max_tokens_floor": self.max_tokens_floor,
+            "vision": self.vision,
         }
 
 
@@ -246,6 +249,7 @@ def _to_spec(model_id: str, raw: dict, where: str, kinds: dict, env: Mapping[str
         system_prompt=values.get("system_prompt"),
         max_tokens_floor=values.get("max_tokens_floor"),
         native_n=values.get("native_n"),
+        vision=values.get("vision", False),
         healthcheck=tuple(str(a).format(port=port, id=model_id)
                           for a in values.get("healthcheck", [])),
     )
