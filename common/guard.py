@@ -111,26 +111,22 @@ def harden(app, max_body: int | None = None) -> None:
 
 # ------------------------------------------------------------------- JSON
 
-_BRACKETS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
-_SURROGATE = re.compile(rb"\\u[dD][89abAB]|\\u[dD][c-fC-F]")
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True when the JSON text nests arrays/objects deeper than limit.
-
-    Cheap for ordinary bodies: only a body with more than `limit` brackets in
-    all is scanned (strings are skipped whole by the regex engine)."""
-    if raw.count(b"[") + raw.count(b"{") <= limit:
-        return False
-    depth = 0
-    for m in _BRACKETS.finditer(raw):
-        c = m.group()
-        if c in (b"[", b"{"):
-            depth += 1
-            if depth > limit:
-                return True
-        elif c in (b"]", b"}"):
-            depth -= 1
+def too_deep(value, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when a parsed JSON value nests arrays/objects deeper than limit
+    (iterative: deep input cannot exhaust the stack here)."""
+    level, depth = [value], 1
+    while level:
+        if depth > limit:
+            return True
+        deeper = []
+        for v in level:
+            for k in (v.values() if type(v) is dict else v):
+                if type(k) is dict or type(k) is list:
+                    deeper.append(k)
+        level, depth = deeper, depth + 1
     return False
 
 
@@ -140,15 +136,18 @@ def loads(raw: bytes, what: str = "request body"):
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ApiError(f"{what} is not valid UTF-8: {e}", 400, code="invalid_json") from None
-    if json_depth_exceeds(raw):
-        raise ApiError(f"{what} nests JSON deeper than {MAX_JSON_DEPTH} levels", 400,
-                       code="invalid_json")
+    deep = ApiError(f"{what} nests JSON deeper than {MAX_JSON_DEPTH} levels", 400,
+                    code="invalid_json")
     try:
         value = json.loads(text)
     except RecursionError:
-        raise ApiError(f"{what} nests JSON too deeply", 400, code="invalid_json") from None
+        raise deep from None
     except ValueError as e:
         raise ApiError(f"{what} is not valid JSON: {e}", 400, code="invalid_json") from None
+    # Only a body with that many brackets can be that deep: ordinary ones skip the walk.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and \
+            isinstance(value, (dict, list)) and too_deep(value):
+        raise deep
     if _SURROGATE.search(raw):
         try:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
