@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from .errors import ApiError, error_response
 
@@ -47,13 +47,12 @@ def unsafe_path(raw_path: str) -> str | None:
 def raw_path(environ: dict) -> str:
     """The request path as the client sent it (before percent-decoding)."""
     target = environ.get("RAW_URI") or environ.get("REQUEST_URI") or ""
-    if not target.startswith("/"):
-        # Absent, or an absolute-form target (`GET http://host/path`): fall back
-        # to the decoded path, re-encoding nothing (decoded `..` still shows).
-        path = environ.get("PATH_INFO", "")
-        # WSGI hands PATH_INFO over as latin-1 decoded bytes.
-        return path
-    return target.partition("?")[0]
+    if target.startswith("/"):
+        return target.partition("?")[0]
+    if "://" in target:                 # absolute-form: GET http://host/path HTTP/1.1
+        return urlsplit(target).path
+    # Absent: the decoded path (a decoded `..` still shows as a segment).
+    return environ.get("PATH_INFO", "")
 
 
 _SLASHES = re.compile(r"//+")

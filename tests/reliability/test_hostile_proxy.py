@@ -172,6 +172,12 @@ def test_dot_segments_never_reach_another_route(proxy, backend, method, target):
     assert backend.other == [], "the request reached the backend"
 
 
+def test_an_absolute_form_target_is_checked_too(proxy, backend):
+    ans = send(proxy.url, "POST", "http://example.com/upstream/m/..%2f..%2funload")
+    assert ans.status == 400, ans.body
+    assert backend.other == []
+
+
 @pytest.mark.parametrize("target", ["/upstream/m/props", "/upstream/qwen3.8-27b/v1/models",
                                     "/logs/m?tail=5", "/upstream/m/a..b/c.d"])
 def test_ordinary_paths_still_pass(proxy, backend, target):
@@ -187,6 +193,26 @@ def test_a_request_line_too_long_is_a_414_envelope(proxy):
     assert ans.status == 414
     assert ans.envelope["code"] == "request_line_too_long"
     assert ans.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize("method, target, headers", [
+    ("G(T", "/v1/models", {}),                       # not a method
+    ("GET", "/v1/models", {"Bad Name": "x"}),        # not a header name
+    ("POST", "/v1/models", {"Transfer-Encoding": "gzip, chunked, x"}),
+], ids=["method", "header-name", "transfer-coding"])
+def test_requests_gunicorn_refuses_are_answered_in_the_envelope(proxy, method, target, headers):
+    ans = send(proxy.url, method, target, headers)
+    assert 400 <= ans.status < 500 or ans.status == 501, ans.status
+    assert ans.envelope is not None, ans.body
+    assert ans.headers["content-type"] == "application/json"
+
+
+def test_a_declared_length_over_the_limit_is_a_413_before_the_body(proxy, backend):
+    ans = send(proxy.url, "POST", "/v1/chat/completions",
+               {"Content-Type": "application/json", "Content-Length": str(10**12)})
+    assert ans.status == 413, ans.body
+    assert ans.envelope["code"] == "body_too_large"
+    assert backend.requests == []
 
 
 @pytest.mark.parametrize("headers", [{"X-Big": "x" * 20_000},
