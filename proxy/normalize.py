@@ -104,7 +104,7 @@ def _validate_message(i: int, m) -> None:
         if not isinstance(part, dict):
             _bad(f"{pw} must be an object like {{\"type\": \"text\", \"text\": ...}}", pw)
         kind = part.get("type")
-        if kind not in _PARTS:
+        if not isinstance(kind, str) or kind not in _PARTS:
             _bad(f"{pw}.type must be one of {', '.join(_PARTS)}, got {kind!r}", f"{pw}.type")
         key, typ = _PARTS[kind]
         if not isinstance(part.get(key), typ):

@@ -135,13 +135,17 @@ def _has_images(route: str, payload: dict) -> bool:
     for item in items:
         if not isinstance(item, dict):
             continue
-        if item.get("type") in _IMAGE_PARTS:
+        if _is_image(item):
             return True
         content = item.get("content")
-        if isinstance(content, list) and any(
-                isinstance(p, dict) and p.get("type") in _IMAGE_PARTS for p in content):
+        if isinstance(content, list) and any(_is_image(p) for p in content):
             return True
     return False
+
+
+def _is_image(part) -> bool:
+    return isinstance(part, dict) and isinstance(part.get("type"), str) and \
+        part["type"] in _IMAGE_PARTS
 
 
 def _kind(v) -> str:

@@ -106,6 +106,7 @@ def test_nesting_that_tool_schemas_need_passes(proxy, backend):
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
      "messages[0].content[0].text"),
     ({"messages": [{"role": "user", "content": [{"text": "hi"}]}]}, "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": []}]}]}, "messages[0].content[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content[0].image_url"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
