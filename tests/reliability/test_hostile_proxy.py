@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from proxy.search.searxng import SearxngClient
 from tests.reliability import hostile
-from tests.support.chat import Reply, ScriptedChat
+from tests.support.chat import Reply, ScriptedChat, search
 from tests.support.proxyproc import ProxyProcess
 from tests.support.rawhttp import send
 from tests.support.searxng import FakeSearxng
@@ -294,6 +294,25 @@ def test_searxng_timeout_bounds_the_whole_search():
     finally:
         srv.close()
     assert not out.ok and out.kind == "timeout", out
+
+
+def test_the_deadline_holds_in_the_served_proxy():
+    """The same through `python -m proxy` (gevent): the model is told the search
+    timed out instead of getting results after the trickle ends."""
+    srv = TricklingSearxng(gap=0.2)
+    try:
+        with ScriptedChat([Reply(tool_calls=[search("q")]), Reply(content="done")]) as chat, \
+                ProxyProcess(BACKEND_URL=chat.url, SEARXNG_URL=srv.url, SEARXNG_TIMEOUT=1,
+                             SYSTEM_PROMPT="", LOG_LEVEL="warning") as p:
+            ans = send(p.url, "POST", "/v1/chat/completions",
+                       {"Content-Type": "application/json"},
+                       json.dumps(chat_body()).encode(), timeout=60)
+            assert ans.status == 200, ans.body
+            tool_msgs = [m for m in chat.requests[-1]["messages"] if m["role"] == "tool"]
+    finally:
+        srv.close()
+    assert tool_msgs and "within 1 s" in tool_msgs[0]["content"], tool_msgs
+    assert "forty-two" not in tool_msgs[0]["content"]
 
 
 def test_a_search_within_its_timeout_still_succeeds():
