@@ -98,6 +98,16 @@ def test_a_request_that_cannot_succeed_never_loads_or_evicts(swapper, docker_cli
     assert (snap["model"], snap["state"]) == ("tiny-a", "ready")
 
 
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_looking_up_a_stored_response_with_nothing_loaded_loads_nothing(swapper, docker_client,
+                                                                       method):
+    unload(swapper)
+    ans = send(swapper.url, method, "/v1/responses/resp_123", timeout=30)
+    assert ans.status == 404, ans.body
+    assert ans.envelope is not None
+    assert containers(docker_client, swapper) == []
+
+
 def test_a_request_naming_no_model_goes_to_the_resident_model(swapper):
     load(swapper, "b")                    # not the default model (tiny-a)
     ans = send(swapper.url, "POST", "/v1/chat/completions", {"Content-Type": FORM}, chat(),
