@@ -161,12 +161,7 @@ def create_app(settings: Settings | None = None) -> Flask:
             return Response(status=204, headers={"Allow": ", ".join(allowed)})
         body = request.get_data(cache=False)
         req = intake.parse_v1(path, request.method, body)
-        resident = sw.scheduler.model
-        if req.model is None and resident is None and request.method in ("GET", "DELETE"):
-            # e.g. a stored response: it lived in a backend, and none runs.
-            raise ApiError(f"/v1/{path}: no model is loaded, so there is nothing to look up",
-                           404, code="not_found")
-        spec = resolve(req.model or resident)
+        spec = resolve(intake.target_model(req, request.method, path, sw.scheduler.model))
         intake.require_vision(spec.id, spec.vision, req.route, req.payload)
         payload = req.payload
         if payload is not None:

@@ -95,6 +95,18 @@ def parse_v1(path: str, method: str, body: bytes) -> V1Request:
     return V1Request(route, payload, model or None)
 
 
+def target_model(req: V1Request, method: str, path: str, resident: str | None) -> str | None:
+    """The model a /v1 request goes to: the one it names; else the resident one
+    (no swap); else None, the default model. A lookup (GET/DELETE, e.g. a stored
+    response) with nothing loaded is a 404: it lived in a backend, and none runs."""
+    if req.model is not None:
+        return req.model
+    if resident is None and method in ("GET", "DELETE"):
+        raise ApiError(f"/v1/{path}: no model is loaded, so there is nothing to look up", 404,
+                       code="not_found")
+    return resident
+
+
 def load_target(name: str | None, body: bytes) -> str | None:
     """The model `/load` is asked for: from the path, else a JSON body
     `{"model": "..."}` (any Content-Type); None (the default model) when neither."""
