@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.reliability import hostile
+from tests.support.proxyproc import ProxyProcess
 from tests.support.rawhttp import send
 from tests.support.swapperproc import SwapperProcess, stack_containers
 
@@ -201,6 +202,41 @@ def test_dot_segments_are_refused_at_the_swapper_too(swapper, docker_client, met
     assert ans.envelope["code"] == "invalid_path"
     assert containers(docker_client, swapper) == before
     assert running(swapper)["model"] == "tiny-a"
+
+
+@pytest.fixture(scope="module")
+def proxy(swapper):
+    with ProxyProcess(BACKEND_URL=swapper.url, WEB_SEARCH=0, LOG_LEVEL="warning") as p:
+        yield p
+
+
+@pytest.mark.parametrize("method, target", [
+    ("POST", "/upstream/a/../../unload"),              # curl --path-as-is -X POST ...
+    ("POST", "/upstream/a/%2e%2e/%2e%2e/unload"),
+    ("GET", "/logs/a/../../unload"),
+])
+def test_the_issue_s_path_tricks_through_the_proxy_leave_the_model_loaded(
+        swapper, proxy, docker_client, method, target):
+    load(swapper, "a")
+    before = containers(docker_client, swapper)
+    ans = send(proxy.url, method, target, timeout=60)
+    assert ans.status == 400, ans.body
+    assert containers(docker_client, swapper) == before
+    assert running(swapper)["model"] == "tiny-a"
+
+
+def test_through_the_proxy_upstream_without_a_slash_names_no_internal_address(swapper, proxy):
+    ans = send(proxy.url, "GET", "/upstream/a", timeout=180)
+    assert "location" not in ans.headers, ans.headers
+    assert swapper.url.split("//")[1] not in ans.body.decode("utf-8", "replace")
+
+
+def test_load_by_json_body_through_the_proxy(swapper, proxy):
+    unload(swapper)
+    ans = send(proxy.url, "POST", "/load", {"Content-Type": FORM}, b'{"model": "b"}',
+               timeout=180)
+    assert ans.status == 200, ans.body
+    assert ans.json()["running"] == ["tiny-b"] and ans.json()["upstream_status"] == 200
 
 
 def test_upstream_without_a_slash_does_not_redirect(swapper):
