@@ -7,9 +7,33 @@ standard library, so the master never imports requests/ssl unpatched.
 """
 from __future__ import annotations
 
+import json
 from typing import Callable
 
+from gunicorn import util as gunicorn_util
 from gunicorn.app.base import BaseApplication
+
+from .errors import error_body
+
+_CODES = {400: "bad_request", 403: "forbidden", 414: "request_line_too_long",
+          417: "expectation_failed", 431: "headers_too_large", 500: "internal_error",
+          501: "not_implemented"}
+
+
+def write_envelope_error(sock, status_int: int, reason: str, mesg: str) -> None:
+    """gunicorn's answer to a request it refuses before the app runs (request line
+    or headers too large or malformed, bad chunking...), in the OpenAI envelope
+    instead of gunicorn's HTML page."""
+    body = json.dumps(error_body(mesg or reason, status_int,
+                                 code=_CODES.get(status_int))).encode()
+    head = (f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    gunicorn_util.write_nonblock(sock, head.encode("latin-1") + body)
+
+
+# gunicorn's workers call util.write_error for these; every worker process of
+# ours serves through this module, so the envelope replaces the HTML page.
+gunicorn_util.write_error = write_envelope_error
 
 
 class _Server(BaseApplication):

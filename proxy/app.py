@@ -11,6 +11,7 @@ from flask import Flask, Response, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from common.errors import ApiError, error_response, install_error_handlers
+from common.guard import harden
 from common.streaming import forward_headers, iter_upstream, relay
 
 from . import dialects, normalize
@@ -31,7 +32,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     logging.basicConfig(level=settings.LOG_LEVEL.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = Flask(__name__)
-    app.url_map.strict_slashes = False
+    harden(app, settings.MAX_BODY_BYTES)
     app.config["MAX_CONTENT_LENGTH"] = settings.MAX_BODY_BYTES
     install_error_handlers(app)
 

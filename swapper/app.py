@@ -10,13 +10,15 @@ from dataclasses import dataclass
 from flask import Flask, Response, jsonify, request, stream_with_context
 
 from common.errors import ApiError, install_error_handlers
+from common.guard import harden
 from common.streaming import NO_BUFFERING
 
 from .driver import Driver
+from . import intake
 from .events import EventHub
 from .fanout import FANOUT_PATHS, FanOut, requested_n, serves_natively
 from .forward import Forwarder
-from .lease import Admission
+from .lease import Admission, Lease
 from .metrics import SwapperMetrics
 from .registry import ModelSpec, Registry
 from .runtime import DockerRuntime, Runtime
@@ -63,6 +65,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
 
     app = Flask("swapper")
     app.extensions["swapper"] = sw          # the parts, for tests and debugging
+    harden(app)
     install_error_handlers(app)
 
     def resolve(name: str | None) -> ModelSpec:
@@ -157,13 +160,17 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     @app.route("/load/<path:name>", methods=["GET", "POST"])
     def load(name: str | None = None):
         refuse_head("loads a model")
-        if name is None and request.is_json:
-            name = (request.get_json(silent=True) or {}).get("model")
-        spec = resolve(name)
+        spec = resolve(intake.load_target(name, request.get_data(cache=False)))
         t0 = time.monotonic()
-        sw.admission.admit(spec.id, request.environ).finish(200)
-        return jsonify({"loaded": spec.id, "running": sw.scheduler.model,
-                        "seconds": round(time.monotonic() - t0, 3)})
+        lease = sw.admission.admit(spec.id, request.environ)
+        try:
+            seconds = round(time.monotonic() - t0, 3)
+            upstream_status = _health_status(sw, lease, spec)
+        finally:
+            lease.finish(200)
+        running = sw.scheduler.model
+        return jsonify({"loaded": spec.id, "running": [running] if running else [],
+                        "seconds": seconds, "upstream_status": upstream_status})
 
     @app.route("/unload", methods=["GET", "POST"])
     def unload():
@@ -189,7 +196,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
                                                         "Cache-Control": "no-cache"})
 
     # -------------------------------------------------------------- traffic
-    @app.route("/upstream/<name>/", defaults={"path": ""},
+    @app.route("/upstream/<name>", defaults={"path": ""},
                methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
     @app.route("/upstream/<name>/<path:path>",
                methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
@@ -197,36 +204,51 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         spec = resolve(name)
         return pass_through(spec, path, request.get_data(cache=False))
 
-    @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
+                                           "OPTIONS"])
     def v1(path: str):
+        if request.method == "OPTIONS":
+            allowed = intake.allowed_methods(path)
+            if allowed is None:
+                intake.route_of(path, "OPTIONS")        # raises the 404
+            return Response(status=204, headers={"Allow": ", ".join(allowed)})
         body = request.get_data(cache=False)
-        name = None
-        stream = False
-        if body and request.mimetype in ("application/json", "") and body.lstrip()[:1] == b"{":
-            try:
-                payload = json.loads(body)
-            except ValueError as e:
-                raise ApiError(f"request body is not valid JSON: {e}", 400) from None
-            name = payload.get("model")
-            stream = payload.get("stream") is True
-            if name is not None and not isinstance(name, str):
-                raise ApiError("'model' must be a string", 400)
-            spec = resolve(name)
+        req = intake.parse_v1(path, request.method, body)
+        spec = resolve(intake.target_model(req, request.method, path, sw.scheduler.model))
+        intake.require_vision(spec.id, spec.vision, req.route, req.payload)
+        payload = req.payload
+        stream = payload is not None and payload.get("stream") is True
+        if payload is not None:
             n = requested_n(payload, settings.max_n) if f"v1/{path}" in FANOUT_PATHS else 1
-            if name != spec.id:
+            if payload.get("model") != spec.id:
                 # Backends know the model by its id (vLLM: --served-model-name).
                 payload["model"] = spec.id
                 body = json.dumps(payload).encode()
             if n > 1 and not serves_natively(spec, n):
                 return sw.fanout.run(spec, f"v1/{path}", request.query_string.decode(),
                                      request.headers, payload, n, request.environ)
-        else:
-            spec = resolve(None)
-        return pass_through(spec, f"v1/{path}", body, stream)
+        headers = request.headers
+        if payload is not None and request.mimetype != "application/json":
+            # A JSON body sent as a form (curl -d): tell the backend what it is.
+            headers = {**dict(headers), "Content-Type": "application/json"}
+        return pass_through(spec, f"v1/{path}", body, headers, stream)
 
-    def pass_through(spec: ModelSpec, path: str, body: bytes, stream: bool = False):
+    def pass_through(spec: ModelSpec, path: str, body: bytes, headers=None,
+                     stream: bool = False):
         return sw.forwarder.forward(spec.id, request.method, path,
-                                    request.query_string.decode(), request.headers, body or None,
-                                    request.environ, stream)
+                                    request.query_string.decode(),
+                                    request.headers if headers is None else headers,
+                                    body or None, request.environ, stream)
 
     return app
+
+
+def _health_status(sw: Parts, lease: Lease, spec: ModelSpec) -> int | None:
+    """The HTTP status of the loaded backend's health path (None: no answer)."""
+    try:
+        r = sw.forwarder.session.get(sw.forwarder.url(lease, spec.health_path, ""),
+                                     timeout=(sw.settings.connect_timeout, 10))
+        r.close()
+        return r.status_code
+    except Exception:  # noqa: BLE001 - reported as null, the load itself succeeded
+        return None

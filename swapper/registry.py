@@ -46,6 +46,7 @@ MODEL_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "system_prompt": (str, False),
     "max_tokens_floor": (int, False),
     "native_n": (bool, False),
+    "vision": (bool, False),
     "healthcheck": (list, False),
     "user": (str, False),
 }
@@ -84,6 +85,7 @@ class ModelSpec:
     native_n: bool | None = None
     healthcheck: tuple[str, ...] = ()
     user: str | None = None          # uid[:gid] the container runs as (None: the image's)
+    vision: bool = False            # takes image parts (llama.cpp: has an --mmproj)
 
     def public(self) -> dict:
         """The entry /v1/models shows for this model."""
@@ -99,6 +101,7 @@ class ModelSpec:
             "gpus": list(self.gpus),
             "system_prompt": self.system_prompt,
             "max_tokens_floor": self.max_tokens_floor,
+            "vision": self.vision,
         }
 
 
@@ -236,6 +239,7 @@ def _to_spec(model_id: str, raw: dict, where: str, kinds: dict, env: Mapping[str
         system_prompt=values.get("system_prompt"),
         max_tokens_floor=values.get("max_tokens_floor"),
         native_n=values.get("native_n"),
+        vision=values.get("vision", False),
         healthcheck=tuple(str(a).format(port=port, id=model_id)
                           for a in values.get("healthcheck", [])),
         user=values.get("user") or None,

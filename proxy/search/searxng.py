@@ -6,9 +6,12 @@ and a hint for the operator.
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 from dataclasses import dataclass, field
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 
 log = logging.getLogger("proxy.search")
@@ -44,6 +47,37 @@ class SearchOutcome:
         return not (self.results or self.answers or self.infoboxes)
 
 
+# The connections the current thread (greenlet, under gevent) opened or used in
+# this search: what the search's deadline cuts.
+_local = threading.local()
+
+
+def _track(conn) -> None:
+    conns = getattr(_local, "conns", None)
+    if conns is not None:
+        conns.append(conn)
+
+
+class _TrackedHTTP(urllib3.connection.HTTPConnection):
+    def request(self, *args, **kwargs):
+        _track(self)
+        return super().request(*args, **kwargs)
+
+
+class _TrackedHTTPS(urllib3.connection.HTTPSConnection):
+    def request(self, *args, **kwargs):
+        _track(self)
+        return super().request(*args, **kwargs)
+
+
+class _Pool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _TrackedHTTP
+
+
+class _SPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _TrackedHTTPS
+
+
 class SearxngClient:
     def __init__(self, base_url: str, results: int = 5, timeout: float = 10.0,
                  pool_size: int = 16):
@@ -54,28 +88,68 @@ class SearxngClient:
         s.trust_env = False
         s.headers.update(BROWSER_HEADERS)
         adapter = HTTPAdapter(pool_maxsize=pool_size, max_retries=0)
+        pm = adapter.poolmanager
+        pm.pool_classes_by_scheme = {"http": _Pool, "https": _SPool}
         s.mount("http://", adapter)
         s.mount("https://", adapter)
         self.session = s
 
     def search(self, query: str) -> SearchOutcome:
-        url = self.base_url + "/search"
+        """One query, bounded as a whole by `timeout` seconds: connecting, the
+        headers and the body together (a server that trickles bytes cannot hold
+        it longer). At the deadline the connection is shut down."""
+        conns: list = []
+        expired = threading.Event()
+
+        def cut() -> None:
+            expired.set()
+            for conn in conns:
+                sock = getattr(conn, "sock", None)
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+        timer = threading.Timer(self.timeout, cut)
+        timer.daemon = True
+        _local.conns = conns
+        timer.start()
         try:
-            r = self.session.get(url, params={"q": query, "format": "json"},
+            return self._search(query, expired)
+        finally:
+            timer.cancel()
+            _local.conns = None
+
+    def _search(self, query: str, expired: threading.Event) -> SearchOutcome:
+        url = self.base_url + "/search"
+        timed_out = _fail(query, "timeout",
+                          f"the search engine (SearXNG) did not answer within {self.timeout:g} s",
+                          f"SearXNG at {self.base_url} is slow; raise SEARXNG_TIMEOUT or check it")
+        try:
+            r = self.session.get(url, params={"q": query, "format": "json"}, stream=True,
                                  timeout=(min(self.timeout, 5.0), self.timeout))
+            try:
+                body = r.content
+            finally:
+                r.close()
         except requests.exceptions.Timeout:
-            return _fail(query, "timeout",
-                         f"the search engine (SearXNG) did not answer within {self.timeout:g} s",
-                         f"SearXNG at {self.base_url} is slow; raise SEARXNG_TIMEOUT or check it")
+            return timed_out
         except requests.exceptions.ConnectionError as e:
+            if expired.is_set():
+                return timed_out
             return _fail(query, "unreachable",
                          "the search engine (SearXNG) is down or unreachable",
                          f"cannot connect to SearXNG at {self.base_url} ({_short(e)}); "
                          "check SEARXNG_URL and that SearXNG runs")
         except requests.RequestException as e:
+            if expired.is_set():
+                return timed_out
             return _fail(query, "unreachable", "the search engine (SearXNG) could not be reached",
                          f"request to SearXNG at {self.base_url} failed: {_short(e)}")
-        return classify(query, r.status_code, r.content, self.max_results)
+        if expired.is_set():
+            return timed_out
+        return classify(query, r.status_code, body, self.max_results)
 
 
 def classify(query: str, status: int, body: bytes, max_results: int = 5) -> SearchOutcome:

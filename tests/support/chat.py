@@ -101,7 +101,8 @@ class ScriptedChat(ScriptedServer):
         def echo(rest):
             rec = {"method": request.method, "path": "/" + rest,
                    "query": request.query_string.decode(),
-                   "headers": dict(request.headers), "body": request.get_data().decode()}
+                   "headers": dict(request.headers),
+                   "body": request.get_data().decode("utf-8", "replace")}
             with self._lock:
                 self.other.append(rec)
             return jsonify(rec), 200, {"X-Echo": "1"}

@@ -83,7 +83,7 @@ def test_healthz(swapper):
 def test_load_then_chat_streamed_and_not(swapper, invariant):
     r = requests.post(swapper.url + "/load/a", timeout=180)
     assert r.status_code == 200, r.text
-    assert r.json()["loaded"] == "tiny-a" and r.json()["running"] == "tiny-a"
+    assert r.json()["loaded"] == "tiny-a" and r.json()["running"] == ["tiny-a"]
     again = requests.get(swapper.url + "/load/tiny-a", timeout=60).json()
     assert again["loaded"] == "tiny-a"
     assert again["seconds"] < r.json()["seconds"]      # no second load: it joined the resident

@@ -1,0 +1,156 @@
+"""Hostile-input guards both services share: request paths and JSON bodies.
+
+- Paths: a request target whose path has a `.` or `..` segment, an encoded
+  slash or backslash, or a NUL (raw or percent-encoded) is refused with 400
+  before routing. Forwarding such a path would let the HTTP client normalise it
+  (urllib3 removes dot segments) into another route of the next service:
+  `/upstream/m/../../unload` would become the swapper's `/unload`.
+- Runs of slashes are collapsed (`//unload` is `/unload`), so what is
+  forwarded is what was routed.
+- A body without Content-Length (chunked) is read up to the size limit; one
+  that goes beyond is refused with 413, never cut.
+- Routing never redirects: a redirect built by the router names the address the
+  request came in on, which for the swapper is its internal one.
+- JSON: a body is decoded as strict UTF-8, nested at most MAX_JSON_DEPTH deep,
+  and may not hold a lone UTF-16 surrogate (`"\\ud800"`), which Python parses but
+  cannot encode again. Each failure is a 400 in the envelope.
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+from urllib.parse import unquote, urlsplit
+
+from .errors import ApiError, error_response
+
+MAX_JSON_DEPTH = 100
+
+_BAD_SEGMENTS = (".", "..")
+
+
+def unsafe_path(raw_path: str) -> str | None:
+    """Why a raw request path (no query) is refused, or None when it is fine."""
+    if "\\" in raw_path or "\x00" in raw_path:
+        return "backslashes and NUL bytes are not allowed in a path"
+    for seg in raw_path.split("/"):
+        if not seg:
+            continue
+        dec = unquote(seg)
+        if dec in _BAD_SEGMENTS:
+            return "'.' and '..' path segments are not allowed"
+        if dec != seg and ("/" in dec or "\\" in dec or "\x00" in dec or "%" in dec):
+            return "encoded slashes, backslashes, NUL bytes and double encoding are not allowed"
+    return None
+
+
+def raw_path(environ: dict) -> str:
+    """The request path as the client sent it (before percent-decoding)."""
+    target = environ.get("RAW_URI") or environ.get("REQUEST_URI") or ""
+    if target.startswith("/"):
+        return target.partition("?")[0]
+    if "://" in target:                 # absolute-form: GET http://host/path HTTP/1.1
+        return urlsplit(target).path
+    # Absent: the decoded path (a decoded `..` still shows as a segment).
+    return environ.get("PATH_INFO", "")
+
+
+_SLASHES = re.compile(r"//+")
+
+
+class RequestGuard:
+    """WSGI middleware, before routing: refuse unsafe paths (400), collapse runs
+    of slashes, and hold a chunked body to `max_body` bytes (413 beyond)."""
+
+    def __init__(self, app, max_body: int | None = None):
+        self.app = app
+        self.max_body = max_body
+
+    def __call__(self, environ, start_response):
+        why = unsafe_path(raw_path(environ)) or unsafe_path(environ.get("PATH_INFO", ""))
+        if why is not None:
+            resp = error_response(f"invalid request path: {why}", 400, code="invalid_path")
+            return resp(environ, start_response)
+        for key in ("PATH_INFO", "RAW_URI", "REQUEST_URI"):
+            value = environ.get(key)
+            if value and "//" in value:
+                path, sep, query = value.partition("?")
+                environ[key] = _SLASHES.sub("/", path) + sep + query
+        if self.max_body is not None and not environ.get("CONTENT_LENGTH") and \
+                "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+            body = _read_at_most(environ["wsgi.input"], self.max_body + 1)
+            if len(body) > self.max_body:
+                resp = error_response(f"request body too large: the limit is {self.max_body} "
+                                      "bytes (MAX_BODY_BYTES)", 413, code="body_too_large",
+                                      headers={"Connection": "close"})
+                return resp(environ, start_response)
+            environ["wsgi.input"] = io.BytesIO(body)
+            environ["CONTENT_LENGTH"] = str(len(body))
+        return self.app(environ, start_response)
+
+
+def _read_at_most(stream, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = stream.read(min(65536, n - len(out)))
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
+def harden(app, max_body: int | None = None) -> None:
+    """Install the request guard and turn off the router's redirects on a Flask app."""
+    m = app.url_map
+    m.strict_slashes = False        # '/x/' and '/x' both match, no redirect
+    m.merge_slashes = False         # the guard collapsed them already
+    m.redirect_defaults = False
+    app.wsgi_app = RequestGuard(app.wsgi_app, max_body)
+
+
+# ------------------------------------------------------------------- JSON
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def too_deep(value, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when a parsed JSON value nests arrays/objects deeper than limit
+    (iterative: deep input cannot exhaust the stack here)."""
+    level, depth = [value], 1
+    while level:
+        if depth > limit:
+            return True
+        deeper = []
+        for v in level:
+            for k in (v.values() if type(v) is dict else v):
+                if type(k) is dict or type(k) is list:
+                    deeper.append(k)
+        level, depth = deeper, depth + 1
+    return False
+
+
+def loads(raw: bytes, what: str = "request body"):
+    """Parse a JSON body strictly; ApiError(400, code invalid_json) says what is wrong."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(f"{what} is not valid UTF-8: {e}", 400, code="invalid_json") from None
+    deep = ApiError(f"{what} nests JSON deeper than {MAX_JSON_DEPTH} levels", 400,
+                    code="invalid_json")
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise deep from None
+    except ValueError as e:
+        raise ApiError(f"{what} is not valid JSON: {e}", 400, code="invalid_json") from None
+    # Only a body with that many brackets can be that deep: ordinary ones skip the walk.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and \
+            isinstance(value, (dict, list)) and too_deep(value):
+        raise deep
+    if _SURROGATE.search(raw):
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(f"{what} holds a lone UTF-16 surrogate escape (like \"\\ud800\"), "
+                           "which is not a character", 400, code="invalid_json") from None
+    return value

@@ -1,0 +1,371 @@
+"""Hostile input against the real proxy (`python -m proxy`: gunicorn + gevent) in
+front of a scripted OpenAI backend that records what reaches it.
+
+Each test of a named defect fails on the code before its fix; the hypothesis
+tests then sweep every public route with hostile methods, paths, Content-Types
+and bodies: never a 5xx from our code, every error in the envelope."""
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.search.searxng import SearxngClient
+from tests.reliability import hostile
+from tests.support.chat import Reply, ScriptedChat, search
+from tests.support.proxyproc import ProxyProcess
+from tests.support.rawhttp import send
+from tests.support.searxng import FakeSearxng
+
+LIMIT = 65536          # the proxy's MAX_BODY_BYTES here
+
+
+@pytest.fixture(scope="module")
+def backend():
+    with ScriptedChat() as chat:
+        yield chat
+
+
+@pytest.fixture(scope="module")
+def searx():
+    with FakeSearxng() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def proxy(backend, searx):
+    with ProxyProcess(BACKEND_URL=backend.url, SEARXNG_URL=searx.url, MAX_BODY_BYTES=LIMIT,
+                      MODELS_TTL=60, SYSTEM_PROMPT="", LOG_LEVEL="warning") as p:
+        yield p
+
+
+@pytest.fixture(autouse=True)
+def _answers(backend):
+    """The backend always has an answer ready, so any 5xx seen is ours."""
+    backend.script(*[Reply(content="ok") for _ in range(500)])
+    backend.other.clear()
+
+
+def post(proxy, path, body: bytes, ctype="application/json", **kw):
+    return send(proxy.url, "POST", path, {"Content-Type": ctype} if ctype else {}, body, **kw)
+
+
+def chat_body(**fields) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+# ------------------------------------------------------------------- item 7
+
+@pytest.mark.parametrize("body", [
+    b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
+    b'{"model": "m", "messages": [{"role": "user", "content": "ok \\udfff"}], "stream": true}',
+    b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", '
+    b'"text": "\\ud83d"}]}]}',
+], ids=["content", "stream", "text-part"])
+def test_lone_surrogate_is_a_400(proxy, backend, body):
+    ans = post(proxy, "/v1/chat/completions", body)
+    assert ans.status == 400, ans.body
+    assert "surrogate" in ans.envelope["message"]
+    assert backend.requests == []
+
+
+def test_a_valid_surrogate_pair_passes(proxy, backend):
+    ans = post(proxy, "/v1/chat/completions",
+               b'{"model": "m", "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}')
+    assert ans.status == 200, ans.body
+    assert backend.requests[-1]["messages"][-1]["content"] == "\U0001F600"
+
+
+@pytest.mark.parametrize("depth", [1000, 30_000])
+def test_deeply_nested_json_is_a_400(proxy, backend, depth):
+    body = ('{"model": "m", "messages": [{"role": "user", "content": "hi"}], "x": '
+            + hostile.deep(depth) + "}").encode()
+    ans = post(proxy, "/v1/chat/completions", body)
+    assert ans.status == 400, ans.body
+    assert "deeper" in ans.envelope["message"] or "deeply" in ans.envelope["message"]
+    assert backend.requests == []
+
+
+def test_nesting_that_tool_schemas_need_passes(proxy, backend):
+    schema: dict = {"type": "string"}
+    for _ in range(30):
+        schema = {"type": "object", "properties": {"x": schema}}
+    body = chat_body(tools=[{"type": "function", "function": {"name": "f", "parameters": schema}}])
+    ans = post(proxy, "/v1/chat/completions", json.dumps(body).encode())
+    assert ans.status == 200, ans.body
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     "messages[0].content[0].text"),
+    ({"messages": [{"role": "user", "content": [{"text": "hi"}]}]}, "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": []}]}]}, "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages[0].content[0].image_url"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content[0].image_url.url"),
+    ({"messages": [{"role": "user", "content": ["hi"]}]}, "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None,
+      "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}]}]},
+     "messages[1].tool_calls[0].type"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None,
+      "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f",
+                                                                   "arguments": {"a": 1}}}]}]},
+     "messages[1].tool_calls[0].function.arguments"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant",
+      "tool_calls": "f()"}]}, "messages[1].tool_calls"),
+    ({"tools": [{"function": {"name": "f", "parameters": {}}}]}, "tools[0].type"),
+    ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]},
+     "tools[0].function.parameters"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"stop": 3}, "stop"),
+    ({"n": 0}, "n"),
+    ({"tool_choice": {"type": "function"}}, "tool_choice"),
+])
+def test_input_a_backend_fails_on_is_refused_with_400(proxy, backend, fields, param):
+    ans = post(proxy, "/v1/chat/completions", json.dumps(chat_body(**fields)).encode())
+    assert ans.status == 400, ans.body
+    assert ans.envelope["param"] == param, ans.envelope
+    assert backend.requests == []
+
+
+def test_well_formed_parts_tools_and_tool_calls_pass(proxy, backend):
+    body = chat_body(messages=[
+        {"role": "user", "content": [{"type": "text", "text": "look"},
+                                     {"type": "image_url", "image_url": {"url": "data:,x"}}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}],
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        temperature=0, stop=["\n"])
+    ans = post(proxy, "/v1/chat/completions", json.dumps(body).encode())
+    assert ans.status == 200, ans.body
+    assert backend.requests[-1]["messages"][1]["tool_calls"][0]["type"] == "function"
+
+
+# ------------------------------------------------------------------- item 8
+
+@pytest.mark.parametrize("method, target", [
+    ("POST", "/upstream/m/../../unload"),
+    ("GET", "/logs/m/../../running"),
+    ("POST", "/upstream/m/%2e%2e/%2e%2e/unload"),
+    ("POST", "/upstream/m/%2E%2E/%2e./unload"),
+    ("POST", "/upstream/m%2f..%2f..%2funload"),
+    ("GET", "/v1/../running"),
+    ("GET", "/v1/%2e%2e/running"),
+    ("GET", "/logs/m/..%5c..%5crunning"),
+    ("GET", "/upstream/m/%252e%252e/running"),
+    ("GET", "/logs/./m"),
+    ("GET", "/upstream/m/a%00b"),
+])
+def test_dot_segments_never_reach_another_route(proxy, backend, method, target):
+    ans = send(proxy.url, method, target)
+    assert ans.status == 400, (ans.status, ans.body)
+    assert ans.envelope["code"] == "invalid_path"
+    assert backend.other == [], "the request reached the backend"
+
+
+def test_an_absolute_form_target_is_checked_too(proxy, backend):
+    ans = send(proxy.url, "POST", "http://example.com/upstream/m/..%2f..%2funload")
+    assert ans.status == 400, ans.body
+    assert backend.other == []
+
+
+@pytest.mark.parametrize("target", ["/upstream/m/props", "/upstream/qwen3.8-27b/v1/models",
+                                    "/logs/m?tail=5", "/upstream/m/a..b/c.d"])
+def test_ordinary_paths_still_pass(proxy, backend, target):
+    ans = send(proxy.url, "GET", target)
+    assert ans.status == 200, ans.body
+    assert backend.other[-1]["path"] == target.partition("?")[0]
+
+
+# ------------------------------------------------------------------- item 9
+
+def test_a_request_line_too_long_is_a_414_envelope(proxy):
+    ans = send(proxy.url, "GET", "/v1/models?q=" + "x" * 10_000)
+    assert ans.status == 414
+    assert ans.envelope["code"] == "request_line_too_long"
+    assert ans.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize("method, target, headers", [
+    ("G(T", "/v1/models", {}),                       # not a method
+    ("GET", "/v1/models", {"Bad Name": "x"}),        # not a header name
+    ("POST", "/v1/models", {"Transfer-Encoding": "gzip, chunked, x"}),
+], ids=["method", "header-name", "transfer-coding"])
+def test_requests_gunicorn_refuses_are_answered_in_the_envelope(proxy, method, target, headers):
+    ans = send(proxy.url, method, target, headers)
+    assert 400 <= ans.status < 500 or ans.status == 501, ans.status
+    assert ans.envelope is not None, ans.body
+    assert ans.headers["content-type"] == "application/json"
+
+
+def test_a_declared_length_over_the_limit_is_a_413_before_the_body(proxy, backend):
+    ans = send(proxy.url, "POST", "/v1/chat/completions",
+               {"Content-Type": "application/json", "Content-Length": str(10**12)})
+    assert ans.status == 413, ans.body
+    assert ans.envelope["code"] == "body_too_large"
+    assert backend.requests == []
+
+
+@pytest.mark.parametrize("headers", [{"X-Big": "x" * 20_000},
+                                     {f"X-H{i}": "1" for i in range(200)}],
+                         ids=["one-huge", "too-many"])
+def test_headers_too_large_are_a_431_envelope(proxy, headers):
+    ans = send(proxy.url, "GET", "/v1/models", headers)
+    assert ans.status == 431
+    assert ans.envelope["code"] == "headers_too_large"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings", "/load"])
+def test_a_chunked_body_over_the_limit_is_a_413(proxy, backend, path):
+    body = json.dumps(chat_body(pad="x" * (LIMIT + 1000))).encode()
+    chunks = [body[i:i + 8192] for i in range(0, len(body), 8192)]
+    ans = send(proxy.url, "POST", path, {"Content-Type": "application/json"}, chunks=chunks)
+    assert ans.status == 413, (ans.status, ans.body[:300])
+    assert ans.envelope["code"] == "body_too_large"
+    assert backend.requests == [] and backend.other == []
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings"])
+def test_a_chunked_body_under_the_limit_is_served_whole(proxy, backend, path):
+    body = json.dumps(chat_body(pad="y" * (LIMIT // 2))).encode()
+    chunks = [body[i:i + 8192] for i in range(0, len(body), 8192)]
+    ans = send(proxy.url, "POST", path, {"Content-Type": "application/json"}, chunks=chunks)
+    assert ans.status == 200, ans.body[:300]
+    got = backend.requests[-1] if path.endswith("completions") else \
+        json.loads(backend.other[-1]["body"])
+    assert got["pad"] == "y" * (LIMIT // 2)
+
+
+class TricklingSearxng:
+    """Answers 200 with a valid SearXNG JSON body, one byte every `gap` seconds."""
+
+    BODY = b'{"results": [], "answers": ["forty-two"]}'
+
+    def __init__(self, gap: float = 0.2):
+        self.gap = gap
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn):
+        with conn:
+            conn.recv(65536)
+            try:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n" % len(self.BODY))
+                for i in range(len(self.BODY)):
+                    if self.stop.is_set():
+                        return
+                    conn.sendall(self.BODY[i:i + 1])
+                    time.sleep(self.gap)
+            except OSError:
+                return              # the client hung up: what a deadline does
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+
+
+def test_searxng_timeout_bounds_the_whole_search():
+    """The server sends a byte well within every per-read timeout, but the
+    whole answer takes ~8 s: with SEARXNG_TIMEOUT=1 the search is a timeout."""
+    srv = TricklingSearxng(gap=0.2)
+    try:
+        out = SearxngClient(srv.url, timeout=1.0).search("q")
+    finally:
+        srv.close()
+    assert not out.ok and out.kind == "timeout", out
+
+
+def test_the_deadline_holds_in_the_served_proxy():
+    """The same through `python -m proxy` (gevent): the model is told the search
+    timed out instead of getting results after the trickle ends."""
+    srv = TricklingSearxng(gap=0.2)
+    try:
+        with ScriptedChat([Reply(tool_calls=[search("q")]), Reply(content="done")]) as chat, \
+                ProxyProcess(BACKEND_URL=chat.url, SEARXNG_URL=srv.url, SEARXNG_TIMEOUT=1,
+                             SYSTEM_PROMPT="", LOG_LEVEL="warning") as p:
+            ans = send(p.url, "POST", "/v1/chat/completions",
+                       {"Content-Type": "application/json"},
+                       json.dumps(chat_body()).encode(), timeout=60)
+            assert ans.status == 200, ans.body
+            tool_msgs = [m for m in chat.requests[-1]["messages"] if m["role"] == "tool"]
+    finally:
+        srv.close()
+    assert tool_msgs and "within 1 s" in tool_msgs[0]["content"], tool_msgs
+    assert "forty-two" not in tool_msgs[0]["content"]
+
+
+def test_a_search_within_its_timeout_still_succeeds():
+    srv = TricklingSearxng(gap=0.0)
+    try:
+        out = SearxngClient(srv.url, timeout=10.0).search("q")
+    finally:
+        srv.close()
+    assert out.ok and out.answers == ["forty-two"], out
+
+
+# ------------------------------------------------------------------- properties
+
+PROXY_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
+                "/v1/models/m", "/v1/responses", "/v1/messages", "/v1/nope", "/load", "/load/m",
+                "/unload", "/running", "/healthz", "/metrics", "/upstream/m/props",
+                "/upstream/m", "/logs", "/logs/m", "/", "/nope"]
+
+
+@settings(max_examples=120)
+@given(method=st.sampled_from(hostile.METHODS), path=st.sampled_from(PROXY_ROUTES),
+       ctype=st.sampled_from(hostile.CONTENT_TYPES),
+       body=hostile.raw_bodies(hostile.chat_bodies(st.just("m"))))
+def test_every_route_survives_any_request(proxy, method, path, ctype, body):
+    ans = send(proxy.url, method, path, {"Content-Type": ctype} if ctype else {}, body)
+    hostile.check(ans, f"{method} {path} ({ctype}) {body[:80]!r}")
+
+
+@settings(max_examples=150)
+@given(body=hostile.chat_bodies(st.one_of(st.just("m"), hostile.json_values)),
+       stream=st.booleans())
+def test_chat_survives_any_body(proxy, body, stream):
+    if stream:
+        body["stream"] = True
+    ans = post(proxy, "/v1/chat/completions", hostile.dumps(body))
+    hostile.check(ans, f"POST /v1/chat/completions {body!r}"[:400])
+    assert ans.status in (200, 400), (ans.status, ans.body[:300])
+
+
+SEGMENTS = ["..", ".", "%2e%2e", "%2E.", ".%2e", "%2f", "a%2Fb", "%5c", "%00", "%252e%252e",
+            "x", "m", "unload", "running", "load", "v1", "upstream", "logs", "", "a..b", "~"]
+
+
+@settings(max_examples=120)
+@given(prefix=st.sampled_from(["/upstream/m", "/logs/m", "/v1", "/load", "/logs", ""]),
+       segs=st.lists(st.sampled_from(SEGMENTS), max_size=5),
+       method=st.sampled_from(["GET", "POST"]))
+def test_no_path_trick_reaches_a_route_it_does_not_name(proxy, backend, prefix, segs, method):
+    target = prefix + "/" + "/".join(segs)
+    before = len(backend.other)
+    ans = send(proxy.url, method, target, {"Content-Type": "application/json"}, b"{}")
+    hostile.check(ans, f"{method} {target}")
+    sent = re.sub("/+", "/", target)          # runs of slashes are collapsed, nothing else
+    for rec in backend.other[before:]:
+        # What reached the backend is the path as sent: nothing was resolved away.
+        assert rec["path"] in (sent, sent.rstrip("/")), (target, rec["path"])
