@@ -44,6 +44,9 @@ class Driver:
         self._clock = clock
 
     def start(self) -> None:
+        """Adopt what an earlier run left before serving (when the engine
+        answers; else the driver thread keeps trying), then run the driver."""
+        self._adopt()
         threading.Thread(target=self.run, name="swapper-driver", daemon=True).start()
 
     def run(self) -> None:

@@ -30,10 +30,8 @@ def parse_json_object(raw: bytes, what: str) -> dict:
     if not raw or not raw.strip():
         raise ApiError(f"request body is empty; expected a JSON object ({what})", 400,
                        code="invalid_json")
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(f"request body is not valid JSON: {e}", 400, code="invalid_json")
+    from common import guard
+    body = guard.loads(raw)        # strict: UTF-8, depth, lone surrogates
     if not isinstance(body, dict):
         raise ApiError(f"request body must be a JSON object, got {type(body).__name__}", 400,
                        code="invalid_request")

@@ -92,6 +92,20 @@ def test_deeply_nested_json_is_a_400(proxy, backend, depth):
     assert backend.requests == []
 
 
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
+@pytest.mark.parametrize("body", [hostile.deep(1000).encode(),
+                                  b'{"model": "m", "input": "\\ud800", "messages": []}'],
+                         ids=["deep", "surrogate"])
+def test_dialect_routes_parse_as_strictly(proxy, backend, path, body):
+    """The Anthropic and Responses routes use the same strict parser as chat
+    (a deep body was a RecursionError 500 there)."""
+    ans = post(proxy, path, body)
+    assert ans.status == 400, ans.body
+    err = ans.anthropic_error if path == "/v1/messages" else ans.envelope
+    assert err is not None and ("deeper" in err["message"] or "surrogate" in err["message"])
+    assert backend.requests == []
+
+
 def test_nesting_that_tool_schemas_need_passes(proxy, backend):
     schema: dict = {"type": "string"}
     for _ in range(30):

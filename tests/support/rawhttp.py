@@ -31,6 +31,19 @@ class RawAnswer:
             return err
         return None
 
+    @property
+    def anthropic_error(self) -> dict | None:
+        """Anthropic's error object ({"type": "error", "error": {type, message}})."""
+        try:
+            body = self.json()
+            err = body["error"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        if body.get("type") == "error" and isinstance(err, dict) \
+                and isinstance(err.get("message"), str) and isinstance(err.get("type"), str):
+            return err
+        return None
+
 
 def send(url: str, method: str, target: str, headers: dict | None = None,
          body: bytes | None = None, chunks: list[bytes] | None = None,
