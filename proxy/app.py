@@ -40,8 +40,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     catalog = ModelCatalog(upstream, settings.MODELS_TTL)
     searx = SearxngClient(settings.SEARXNG_URL, settings.SEARXNG_RESULTS,
                           settings.SEARXNG_TIMEOUT)
-    metrics = Metrics(resolve=lambda name: catalog.lookup(name).get("id"),
-                      default_model=settings.DEFAULT_MODEL)
+    metrics = Metrics(resolve=lambda name: catalog.lookup(name).get("id"))
     executor = cf.ThreadPoolExecutor(max_workers=16, thread_name_prefix="search")
     app.extensions["proxy"] = dict(settings=settings, upstream=upstream, metrics=metrics,
                                    catalog=catalog, searx=searx, executor=executor)
@@ -99,13 +98,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     def chat():
         raw = request.get_data()
         body = normalize.parse_chat_body(raw)
-        if isinstance(body.get("n"), int) and body["n"] > settings.MAX_N:
-            raise ApiError(f"'n' is {body['n']}; this server allows at most {settings.MAX_N} "
-                           "(MAX_N)", 400, code="invalid_request", param="n")
         changed = False
-        if settings.DEFAULT_MODEL and not body.get("model"):
-            body["model"] = settings.DEFAULT_MODEL
-            changed = True
         model = body.get("model")
         first_role = body["messages"][0].get("role")
         if settings.INJECT_SYSTEM and first_role not in ("system", "developer"):

@@ -6,7 +6,7 @@ duration, and the answer's `usage` (tokens by model), for every dialect
 (chat/completions, Anthropic Messages, Responses), streamed or not. The model
 label is the model the client asked for, resolved to its id through the
 upstream's /v1/models aliases (a backend reports its own name, e.g. a GGUF
-path); without one, DEFAULT_MODEL, else what the answer names. The search loop calls
+path); without one (the swapper picks the model), what the answer names. The search loop calls
 `search(kind)` and `rounds(n)`. Names and labels are listed in the README's
 metrics table. With several workers the values live in prometheus_client's
 multiprocess files (see common/metrics.py), so a scrape answers for the proxy.
@@ -50,14 +50,12 @@ def route_label(path: str) -> str:
 
 
 class Metrics:
-    def __init__(self, resolve: Callable[[str], str | None] | None = None,
-                 default_model: str = ""):
+    def __init__(self, resolve: Callable[[str], str | None] | None = None):
         """`resolve(name)`: a model's id for an alias (None when unknown)."""
         self.collectors = r = common.new_registry()
         self._bounded = common.BoundedLabel()
         self._resolve = resolve
         self._resolved: dict[str, str] = {}     # name -> id, once known (bounded below)
-        self._default_model = default_model or None
         self._requests = Counter(
             "proxy_requests", "HTTP requests answered, by route, method and status.",
             ("route", "method", "status"), registry=r)
@@ -163,7 +161,7 @@ class Metrics:
                 _safely(answer.done)
 
     def model_label(self, requested: str | None, answered: str | None) -> str:
-        name = requested or self._default_model
+        name = requested
         if name and self._resolve is not None:
             known = self._resolved.get(name)
             if known is None:

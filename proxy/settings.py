@@ -23,8 +23,6 @@ class Settings:
     CONNECT_TIMEOUT: float = setting(10.0, min=0.001)
     MAX_BODY_BYTES: int = setting(64 * 1024 * 1024, min=1)
     API_KEY: str = setting("", repr=False)  # when set: Bearer required on every route but /healthz
-    DEFAULT_MODEL: str = ""             # filled into chat requests that name no model
-    MAX_N: int = setting(8, min=1)      # largest `n` (choices per request) accepted
     # cache of the upstream's /v1/models (system prompt, floor); 0 = no cache
     MODELS_TTL: float = setting(30.0, min=0)
 

@@ -39,13 +39,10 @@ def parse_json_object(raw: bytes, what: str) -> dict:
 
 
 def prepare(body: dict, *, settings, catalog, system_key: str, floor_keys: tuple) -> bool:
-    """Default model, system prompt and tool token floor, in the dialect's own fields
+    """System prompt and tool token floor, in the dialect's own fields
     (Anthropic: top-level `system`, `max_tokens`; Responses: `instructions`,
     `max_output_tokens`). True when the body changed."""
     changed = False
-    if settings.DEFAULT_MODEL and not body.get("model"):
-        body["model"] = settings.DEFAULT_MODEL
-        changed = True
     model = body.get("model") if isinstance(body.get("model"), str) else None
     if settings.INJECT_SYSTEM and not body.get(system_key):
         text = catalog.lookup(model).get("system_prompt") or settings.SYSTEM_PROMPT

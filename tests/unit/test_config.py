@@ -9,9 +9,9 @@ from swapper.settings import Settings as SwapperSettings
 def test_proxy_types_and_defaults():
     s = ProxySettings.from_env({"WEB_SEARCH": "0", "PROXY_PORT": "1234", "SEARXNG_TIMEOUT": "2.5",
                                 "BACKEND_URL": "http://x:1/", "INJECT_SYSTEM": " Off ",
-                                "SEARCH_SOURCES": "yes", "MAX_N": ""})
+                                "SEARCH_SOURCES": "yes", "MAX_SEARCH_ITER": ""})
     assert s.WEB_SEARCH is False and s.INJECT_SYSTEM is False and s.SEARCH_SOURCES is True
-    assert s.PROXY_PORT == 1234 and s.SEARXNG_TIMEOUT == 2.5 and s.MAX_N == 8   # empty: default
+    assert s.PROXY_PORT == 1234 and s.SEARXNG_TIMEOUT == 2.5 and s.MAX_SEARCH_ITER == 10  # empty: default
     assert s.BACKEND_URL == "http://x:1"
 
 
@@ -54,6 +54,6 @@ def test_swapper_bad_values_name_the_variable(env, named):
 
 
 def test_overrides_are_typed_values_and_unknown_ones_fail():
-    assert ProxySettings.from_env({"MAX_N": "3"}, MAX_N=5).MAX_N == 5
+    assert ProxySettings.from_env({"MAX_SEARCH_ITER": "3"}, MAX_SEARCH_ITER=5).MAX_SEARCH_ITER == 5
     with pytest.raises(TypeError, match="NOPE"):
         ProxySettings.from_env({}, NOPE=1)

@@ -215,8 +215,13 @@ def test_reasoning_both_names_without_search(make_proxy, chat, key):
     assert s.text() == "a" and s.done == 1
 
 
-def test_n_above_max_n_400(make_proxy, chat):
-    proxy = make_proxy(MAX_N=2)
-    r = requests.post(proxy + "/v1/chat/completions", json={"messages": USER, "n": 3})
-    assert r.status_code == 400 and "MAX_N" in r.json()["error"]["message"]
-    assert chat.requests == []
+def test_n_and_a_missing_model_are_left_to_the_upstream(make_proxy, chat):
+    """One checker per rule: the swapper owns `n`'s range (its MAX_N, its
+    fan-out) and which model answers a request naming none; the proxy passes
+    both through as the client sent them."""
+    proxy = make_proxy()
+    chat.script(Reply("x"))
+    r = requests.post(proxy + "/v1/chat/completions", json={"messages": USER, "n": 3,
+                                                           "tool_choice": "none"})
+    assert r.status_code == 200, r.text
+    assert chat.requests[-1]["n"] == 3 and "model" not in chat.requests[-1]

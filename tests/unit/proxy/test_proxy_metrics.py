@@ -110,7 +110,7 @@ def test_model_label_resolves_aliases_and_falls_back():
         asked.append(name)
         return {"a": "tiny-a"}.get(name)
 
-    m = Metrics(resolve=resolve, default_model="tiny-d")
+    m = Metrics(resolve=resolve)
     run(m, [CHAT_STREAM], request_json={"model": "a", "messages": []})
     run(m, [CHAT_STREAM], request_json={"model": "a", "messages": []})
     assert asked == ["a"]
@@ -118,7 +118,7 @@ def test_model_label_resolves_aliases_and_falls_back():
     s = run(Metrics(), [CHAT_STREAM], request_json={"messages": []})
     assert s.labels("proxy_prompt_tokens_total", "model") == {"/models/x.gguf"}
     s = Scrape(exposition(m.collectors).decode())
-    assert s.labels("proxy_prompt_tokens_total", "model") == {"tiny-a", "tiny-d"}
+    assert s.labels("proxy_prompt_tokens_total", "model") == {"tiny-a", "/models/x.gguf"}
     assert s.value("proxy_prompt_tokens_total", model="tiny-a") == 2 * 33
 
 

@@ -231,3 +231,12 @@ def test_engine_down_when_a_load_is_needed_is_a_clear_503(chat):
     chat.script(Reply("back"))
     r = ask(app.test_client())
     assert r.status_code == 200, r.data
+
+
+@pytest.mark.parametrize("n", [0, 9, "2", 1.5, True])
+def test_n_out_of_range_is_refused_before_any_load(chat, n):
+    """The swapper owns `n` (MAX_N, 8 by default): one checker, one code."""
+    app, runtime = make_app({"tiny-b": chat.url})
+    r = ask(app.test_client(), n=n)
+    assert r.status_code == 400 and r.json["error"]["code"] == "invalid_n", r.json
+    assert runtime.calls == []
