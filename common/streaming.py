@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Callable, Iterable, Iterator
 
 import requests
+import urllib3
 from flask import Response
+from requests.models import PreparedRequest
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those the WSGI server recomputes.
 HOP_BY_HOP = frozenset({
@@ -112,6 +114,51 @@ def iter_body(upstream: requests.Response) -> Iterator[bytes]:
     # The whole body was read: the connection can serve the next request.
     hr.close()
     raw.release_conn()
+
+
+def pooled_request(session: requests.Session, method: str, url: str, *, headers=None,
+                   data=None, timeout: tuple = (None, None)) -> requests.Response:
+    """session.request(method, url, stream=True, allow_redirects=False, ...) for a
+    plain-HTTP upstream, without requests' per-call machinery (settings merge,
+    cookies, hooks, redirect handling): urlopen on the session's own pool, the
+    answer wrapped by the adapter into a requests.Response with its body unread,
+    urllib3's errors raised as requests' (as HTTPAdapter.send does). About half
+    of requests' client-side CPU per call. The session's default headers are not
+    added: the caller's headers go as they are."""
+    if not url.startswith("http://"):
+        return session.request(method, url, headers=headers, data=data, stream=True,
+                               timeout=timeout, allow_redirects=False)
+    slash = url.find("/", 7)
+    base, target = (url, "/") if slash < 0 else (url[:slash], url[slash:])
+    cache = session.__dict__.setdefault("_pooled", {})
+    hit = cache.get(base)
+    if hit is None:
+        adapter = session.get_adapter(url)
+        hit = cache[base] = (adapter, adapter.poolmanager.connection_from_url(base))
+    adapter, pool = hit
+    t = cache.get(timeout)
+    if t is None:
+        t = cache[timeout] = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+    headers = dict(headers or ())
+    if isinstance(data, str):
+        data = data.encode()
+    req = PreparedRequest()
+    req.method, req.url, req.headers, req.body = method, url, headers, data
+    try:
+        raw = pool.urlopen(method, target, body=data, headers=headers, retries=False,
+                           redirect=False, assert_same_host=False, timeout=t,
+                           preload_content=False, decode_content=False)
+    except urllib3.exceptions.NewConnectionError as e:     # a ConnectTimeoutError subclass
+        raise requests.exceptions.ConnectionError(e, request=req) from None
+    except urllib3.exceptions.ConnectTimeoutError as e:
+        raise requests.exceptions.ConnectTimeout(e, request=req) from None
+    except urllib3.exceptions.ReadTimeoutError as e:
+        raise requests.exceptions.ReadTimeout(e, request=req) from None
+    except (urllib3.exceptions.ProtocolError, OSError) as e:
+        raise requests.exceptions.ConnectionError(e, request=req) from None
+    except urllib3.exceptions.HTTPError as e:
+        raise requests.exceptions.RequestException(e, request=req) from None
+    return adapter.build_response(req, raw)
 
 
 def iter_upstream(upstream: requests.Response,

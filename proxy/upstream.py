@@ -2,26 +2,21 @@
 
 Connect timeout short, read timeout unbounded (cold starts and long generations).
 Connection failures become a 502 in the OpenAI envelope naming the URL.
-
-Forwarding sends through the session's urllib3 pool directly and wraps the answer
-in a requests.Response (adapter.build_response): callers keep the requests API,
-but a request skips requests' per-call machinery (settings merge, cookies, hooks,
-redirect handling), about half of its client-side CPU.
+Forwarding goes through common.streaming.pooled_request: a requests.Response for
+callers, at about half of requests' per-call CPU.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from urllib.parse import urlsplit
 
 import requests
-import urllib3
 from requests.adapters import HTTPAdapter
-from requests.models import PreparedRequest
 
 from common.disconnect import ClientGone, call_watching_client, watch_connections
 from common.errors import ApiError
+from common.streaming import pooled_request
 
 log = logging.getLogger("proxy.upstream")
 
@@ -36,12 +31,6 @@ class Upstream:
         s.mount("http://", adapter)
         s.mount("https://", adapter)
         self.session = watch_connections(s)
-        self._adapter = adapter
-        # Plain HTTP (the swapper, a backend): straight through the pool.
-        self._pool = (adapter.poolmanager.connection_from_url(self.base_url)
-                      if self.base_url.startswith("http://") else None)
-        self._prefix = urlsplit(self.base_url).path
-        self._timeouts: dict = {}
 
     def request(self, method: str, path: str, *, query: str = "", headers=None, data=None,
                 stream: bool = True, read_timeout: float | None = None,
@@ -57,13 +46,8 @@ class Upstream:
             url += "?" + query
 
         def send() -> requests.Response:
-            if self._pool is None:
-                r = self.session.request(method, url, headers=headers, data=data, stream=stream,
-                                         timeout=(self.connect_timeout, read_timeout),
-                                         allow_redirects=False)
-            else:
-                target = self._prefix + path + (f"?{query}" if query else "")
-                r = self._send(method, target, url, headers, data, read_timeout)
+            r = pooled_request(self.session, method, url, headers=headers, data=data,
+                               timeout=(self.connect_timeout, read_timeout))
             if read_body or not stream:
                 r.content
             return r
@@ -73,39 +57,19 @@ class Upstream:
         except ClientGone:
             raise ApiError("client disconnected before the answer", 499,
                            code="client_closed") from None
-        except urllib3.exceptions.NewConnectionError as e:    # (a ConnectTimeoutError subclass)
-            raise ApiError(f"upstream {self.base_url} unreachable: {_reason(e)} ({url})", 502,
-                           code="upstream_unreachable") from e
-        except (requests.exceptions.ConnectTimeout, urllib3.exceptions.ConnectTimeoutError) as e:
+        except requests.exceptions.ConnectTimeout as e:
             raise ApiError(f"upstream {self.base_url} unreachable: connect timed out after "
                            f"{self.connect_timeout:g} s ({url})", 502,
                            code="upstream_unreachable") from e
-        except (requests.exceptions.ConnectionError, urllib3.exceptions.ProtocolError) as e:
+        except requests.exceptions.ConnectionError as e:
             raise ApiError(f"upstream {self.base_url} unreachable: {_reason(e)} ({url})", 502,
                            code="upstream_unreachable") from e
-        except (requests.exceptions.ReadTimeout, urllib3.exceptions.ReadTimeoutError) as e:
+        except requests.exceptions.ReadTimeout as e:
             raise ApiError(f"upstream {self.base_url} timed out ({url})", 504,
                            code="upstream_timeout") from e
-        except (requests.RequestException, urllib3.exceptions.HTTPError) as e:
+        except requests.RequestException as e:
             raise ApiError(f"upstream {self.base_url} request failed: {e} ({url})", 502,
                            code="upstream_error") from e
-
-    def _send(self, method: str, target: str, url: str, headers, data,
-              read_timeout) -> requests.Response:
-        """One request through the pool, answered as a requests.Response (body unread)."""
-        timeout = self._timeouts.get(read_timeout)
-        if timeout is None:
-            timeout = self._timeouts[read_timeout] = urllib3.Timeout(
-                connect=self.connect_timeout, read=read_timeout)
-        headers = dict(headers or ())
-        if isinstance(data, str):
-            data = data.encode()
-        raw = self._pool.urlopen(method, target, body=data, headers=headers, retries=False,
-                                 redirect=False, assert_same_host=False, timeout=timeout,
-                                 preload_content=False, decode_content=False)
-        req = PreparedRequest()
-        req.method, req.url, req.headers, req.body = method, url, headers, data
-        return self._adapter.build_response(req, raw)
 
 
 def _reason(e: Exception) -> str:

@@ -31,6 +31,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -490,11 +491,11 @@ def main() -> None:
     ap.add_argument("--litellm", default=os.environ.get("PERF_LITELLM", ""),
                     help="the litellm binary (run.sh installs it in its own venv)")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=30, help="rounds of 1-token requests")
+    ap.add_argument("--rounds", type=int, default=20, help="rounds of 1-token requests")
     ap.add_argument("--gap", type=float, default=0.1,
                     help="seconds between real-backend requests (llama-server closes a "
                          "connection after a stream a moment later than it says)")
-    ap.add_argument("--decode-rounds", type=int, default=5)
+    ap.add_argument("--decode-rounds", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--chunks", type=int, default=20000, help="chunks of the unpaced stream")
     ap.add_argument("--synth-rounds", type=int, default=3)
@@ -508,6 +509,8 @@ def main() -> None:
                          "synthetic stream (raw folded stacks next to the JSON)")
     ap.add_argument("--out", default=os.environ.get("PERF_OUT", "/tmp/coding-stack-perf"))
     a = ap.parse_args()
+    # SIGTERM (timeout, Ctrl-C from a wrapper) unwinds: services stopped, containers reaped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     a.concurrency = [int(x) for x in a.concurrency.split(",") if x]
     only = set(a.only.split(","))
     wanted = a.paths.split(",")

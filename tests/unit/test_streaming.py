@@ -26,6 +26,7 @@ class ChunkedServer:
     def __init__(self, responses):
         self.responses = list(responses)
         self.connections = 0
+        self.seen: list[bytes] = []           # request heads, as received
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(8)
@@ -50,7 +51,8 @@ class ChunkedServer:
                     if not data:
                         return
                     buf += data
-                buf = buf.split(b"\r\n\r\n", 1)[1]
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                self.seen.append(head)
                 parts = self.responses.pop(0)
                 for p in parts:
                     if p is None:
@@ -132,3 +134,28 @@ def test_a_body_with_a_length_goes_through_requests():
         assert b"".join(iter_upstream(r)) == data
     finally:
         srv.close()
+
+
+def test_pooled_request_answers_like_requests_and_raises_its_errors():
+    from common.streaming import pooled_request
+    from tests.support.servers import free_port
+    srv = ChunkedServer([[HEAD.replace(b"200 OK", b"201 Created") + framed(b"ok") + b"0\r\n\r\n"]])
+    s = session()
+    try:
+        r = pooled_request(s, "POST", srv.url + "/v1/x?a=1", headers={"X-Test": "1"},
+                           data=b"{}", timeout=(5, 5))
+        assert isinstance(r, requests.Response)
+        assert r.status_code == 201 and r.headers["content-type"] == "text/event-stream"
+        assert r.url == srv.url + "/v1/x?a=1"
+        head = srv.seen[0].decode()
+        assert head.startswith("POST /v1/x?a=1 HTTP/1.1\r\n") and "X-Test: 1" in head
+        assert b"".join(iter_upstream(r)) == b"ok"
+    finally:
+        srv.close()
+    dead = f"http://127.0.0.1:{free_port()}/v1/x"
+    try:
+        pooled_request(s, "GET", dead, timeout=(5, 5))
+        raise AssertionError("no error")
+    except requests.exceptions.ConnectionError as e:
+        assert "Connection refused" in str(e)
+        assert not isinstance(e, requests.exceptions.ConnectTimeout)
