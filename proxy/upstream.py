@@ -22,7 +22,7 @@ log = logging.getLogger("proxy.upstream")
 
 
 class Upstream:
-    def __init__(self, base_url: str, connect_timeout: float = 10.0, pool_size: int = 64):
+    def __init__(self, base_url: str, connect_timeout: float = 10.0, pool_size: int = 1000):
         self.base_url = base_url.rstrip("/")
         self.connect_timeout = connect_timeout
         s = requests.Session()

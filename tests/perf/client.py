@@ -205,6 +205,7 @@ async def astream(url: str, body: dict, expect_events: int, timeout: float = 120
         buf = b""
         head = None
         dech = None
+        errbody = bytearray()                   # the body of a non-200 answer
 
         async def run():
             nonlocal buf, head, dech
@@ -220,7 +221,10 @@ async def astream(url: str, body: dict, expect_events: int, timeout: float = 120
                         continue
                     dech = Dechunker(head[1])
                     data = head[2]
-                counter.feed(dech.feed(data), now)
+                payload = dech.feed(data)
+                if head[0] != 200:
+                    errbody.extend(payload)
+                counter.feed(payload, now)
                 if dech.done:
                     return
         await asyncio.wait_for(run(), timeout)
@@ -229,6 +233,10 @@ async def astream(url: str, body: dict, expect_events: int, timeout: float = 120
         err = None
         if head[0] != 200:
             err = f"HTTP {head[0]}"
+            try:
+                err += ": " + json.loads(bytes(errbody))["error"]["message"][:160]
+            except (ValueError, KeyError, TypeError):
+                pass
         elif counter.events < expect_events:
             err = f"{counter.events} of {expect_events} events"
         return {"error": err, "events": counter.events,
