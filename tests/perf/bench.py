@@ -206,7 +206,7 @@ def auth_headers_ok(status: int, what: str, body: bytes = b""):
         raise RuntimeError(f"{what}: HTTP {status}: {body[:300]!r}")
 
 
-def real_workloads(paths: dict[str, str], a) -> dict:
+def real_workloads(paths: dict[str, str], leaders: dict[str, dict[str, int]], a) -> dict:
     names = list(paths)
     sessions = {k: client.Session(u) for k, u in paths.items()}
     one = chat("llama", 1, False)
@@ -228,9 +228,13 @@ def real_workloads(paths: dict[str, str], a) -> dict:
 
     def decode(k):
         time.sleep(a.gap)
+        before = {svc: cpu_seconds(pid) for svc, pid in leaders[k].items()}
         r = client.stream(paths[k], decode_body, keep_times=True)
+        after = {svc: cpu_seconds(pid) for svc, pid in leaders[k].items()}
         auth_headers_ok(r["status"], f"{k} decode")
         t = r["content_times"]
+        for svc in before:
+            cpu[k].setdefault(svc, []).append((after[svc] - before[svc]) / max(len(t), 1) * 1e3)
         if len(t) < 2:
             return None, r["first_content"], len(t)
         return (len(t) - 1) / (t[-1] - t[0]), r["first_content"], len(t)
@@ -247,6 +251,7 @@ def real_workloads(paths: dict[str, str], a) -> dict:
         for k in order:
             first[k].append(ttft(k))
     rate = {k: [] for k in names}
+    cpu: dict[str, dict[str, list]] = {k: {} for k in names}      # ms of CPU per token
     dfirst = {k: [] for k in names}
     tokens = {k: [] for k in names}
     for order in rotations(names, a.decode_rounds):
@@ -258,7 +263,7 @@ def real_workloads(paths: dict[str, str], a) -> dict:
     for s in sessions.values():
         s.close()
     return {"nonstream_s": lat, "ttft_s": first, "decode_tok_s": rate,
-            "decode_ttft_s": dfirst, "decode_tokens": tokens,
+            "decode_ttft_s": dfirst, "decode_tokens": tokens, "decode_cpu_ms_per_token": cpu,
             "nonstream_added_s": paired(lat), "ttft_added_s": paired(first),
             "decode_ratio": paired(rate, ratio=True)}
 
@@ -403,15 +408,18 @@ def report(res: dict) -> str:
         r = res["real"]
         add("### Real backend (llama-server + SmolLM2, CPU)\n")
         add("| path | 1-token non-stream ms, median (p99) | added, ms | streamed TTFT ms, "
-            "median (p99) | added, ms | 256-token decode tok/s | ratio to direct |")
-        add("|---|---|---|---|---|---|---|")
+            "median (p99) | added, ms | 256-token decode tok/s | ratio to direct | "
+            "stack CPU ms per decoded token |")
+        add("|---|---|---|---|---|---|---|---|")
         for k in r["nonstream_s"]:
             ns, tt, dr = r["nonstream_s"][k], r["ttft_s"][k], r["decode_tok_s"][k]
             add(f"| {k} | {fmt(med(ns), 1e3)} ({fmt(pct(ns, 99), 1e3)}) | "
                 f"{fmt(r['nonstream_added_s'][k], 1e3, sign=True)} | "
                 f"{fmt(med(tt), 1e3)} ({fmt(pct(tt, 99), 1e3)}) | "
                 f"{fmt(r['ttft_added_s'][k], 1e3, sign=True)} | {fmt(med(dr))} | "
-                f"{fmt(r['decode_ratio'][k], nd=3)} |")
+                f"{fmt(r['decode_ratio'][k], nd=3)} | "
+                + (", ".join(f"{svc} {med(x):.3f}" for svc, x in
+                             r["decode_cpu_ms_per_token"][k].items()) or "—") + " |")
         add("")
     if "synth" in res:
         s = res["synth"]
@@ -495,7 +503,7 @@ def main() -> None:
     ap.add_argument("--gap", type=float, default=0.1,
                     help="seconds between real-backend requests (llama-server closes a "
                          "connection after a stream a moment later than it says)")
-    ap.add_argument("--decode-rounds", type=int, default=3)
+    ap.add_argument("--decode-rounds", type=int, default=5)
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--chunks", type=int, default=20000, help="chunks of the unpaced stream")
     ap.add_argument("--synth-rounds", type=int, default=3)
@@ -562,7 +570,7 @@ def main() -> None:
                 log("loading llama (real llama-server)")
                 requests.post(sw.url + "/load/llama", timeout=300).raise_for_status()
                 log("real workloads")
-                res["real"] = real_workloads(paths, a)
+                res["real"] = real_workloads(paths, leaders, a)
             if only & {"synth", "concurrency"}:
                 log("loading synth")
                 requests.post(sw.url + "/load/synth", timeout=300).raise_for_status()
