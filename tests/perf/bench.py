@@ -408,7 +408,7 @@ def report(res: dict) -> str:
         r = res["real"]
         add("### Real backend (llama-server + SmolLM2, CPU)\n")
         add("| path | 1-token non-stream ms, median (p99) | added, ms | streamed TTFT ms, "
-            "median (p99) | added, ms | 256-token decode tok/s | ratio to direct | "
+            f"median (p99) | added, ms | {res['args']['decode_tokens']}-token decode tok/s | ratio to direct | "
             "stack CPU ms per decoded token |")
         add("|---|---|---|---|---|---|---|---|")
         for k in r["nonstream_s"]:
