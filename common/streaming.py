@@ -102,7 +102,10 @@ def iter_body(upstream: requests.Response) -> Iterator[bytes]:
     raw = upstream.raw
     hr = getattr(raw, "_fp", None)                 # http.client.HTTPResponse
     fp = getattr(hr, "fp", None)
+    # Only a chunked body nobody has started reading; not a HEAD/204/304 answer
+    # (http.client gives those length 0, chunked or not) nor a compressed one.
     if (fp is None or not getattr(hr, "chunked", False) or hr.chunk_left is not None
+            or hr.length is not None
             or upstream.headers.get("content-encoding", "identity").lower() != "identity"
             or not hasattr(fp, "read1")):
         yield from upstream.iter_content(chunk_size=None)

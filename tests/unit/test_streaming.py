@@ -159,3 +159,15 @@ def test_pooled_request_answers_like_requests_and_raises_its_errors():
     except requests.exceptions.ConnectionError as e:
         assert "Connection refused" in str(e)
         assert not isinstance(e, requests.exceptions.ConnectTimeout)
+
+
+def test_a_head_answer_with_chunked_headers_has_no_body_to_wait_for():
+    srv = ChunkedServer([[HEAD], [HEAD + framed(b"after") + b"0\r\n\r\n"]])
+    s = session()
+    try:
+        r = s.head(srv.url + "/a", stream=True)
+        assert b"".join(iter_upstream(r)) == b""
+        r2 = s.get(srv.url + "/b", stream=True)
+        assert b"".join(iter_upstream(r2)) == b"after"
+    finally:
+        srv.close()
