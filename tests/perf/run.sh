@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The stack's performance in one run, side by side: direct, proxy, swapper,
+# proxy + swapper (the product), LiteLLM. On demand only (not part of pytest).
+#
+#   tests/perf/run.sh                       everything (~6 min on 2 cores)
+#   tests/perf/run.sh --only real,swap      some workloads (see --help)
+#   tests/perf/run.sh --profile             also py-spy the proxy and swapper workers
+#
+# Needs the test bed (tests/testbed/setup.sh: Docker engine, llama-server image,
+# SmolLM2). LiteLLM and py-spy go in their own venv under the cache dir, so they
+# never touch the test venv. Output: markdown tables on stdout, JSON + .md in
+# $PERF_OUT (default /tmp/coding-stack-perf).
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$repo"
+env_file="${TESTBED_ENV:-$repo/tests/testbed/testbed.env}"
+if [ ! -f "$env_file" ]; then
+  echo "no test bed: run tests/testbed/setup.sh first (or set TESTBED_ENV)" >&2
+  exit 2
+fi
+set -a
+# shellcheck disable=SC1090
+source "$env_file"
+set +a
+cache="${CODING_STACK_CACHE:-/var/cache/coding-stack}"
+py="${PERF_PYTHON:-$repo/.venv/bin/python}"
+[ -x "$py" ] || py=python3
+
+# LiteLLM 1.108.7 (the proxy extra) and py-spy 0.4.3, pinned, in a venv of their own.
+LITELLM_VERSION=1.108.7
+PYSPY_VERSION=0.4.3
+venv="$cache/perf-venv-$LITELLM_VERSION-$PYSPY_VERSION"
+if [ ! -x "$venv/bin/litellm" ] || [ ! -x "$venv/bin/py-spy" ]; then
+  echo "[perf] installing litellm[proxy]==$LITELLM_VERSION and py-spy==$PYSPY_VERSION in $venv" >&2
+  rm -rf "$venv"
+  "$py" -m venv "$venv"
+  "$venv/bin/pip" install -q "litellm[proxy]==$LITELLM_VERSION" "py-spy==$PYSPY_VERSION" >&2
+fi
+
+args=()
+for a in "$@"; do
+  if [ "$a" = "--profile" ]; then args+=(--profile "$venv/bin/py-spy"); else args+=("$a"); fi
+done
+exec "$py" -m tests.perf.bench --litellm "$venv/bin/litellm" ${args[@]+"${args[@]}"}

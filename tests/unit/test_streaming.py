@@ -1,0 +1,173 @@
+"""common.streaming against a real socket server speaking chunked HTTP/1.1:
+what arrives together leaves together, framing split anywhere, trailers, the
+connection reused after a complete body, and a body that breaks off."""
+from __future__ import annotations
+
+import socket
+import threading
+
+import requests
+
+from common.streaming import iter_upstream
+
+EVENT = b'data: {"choices":[{"delta":{"content":" tok"}}]}\n\n'
+HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n")
+
+
+def framed(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class ChunkedServer:
+    """Answers each request on a connection with the next scripted response:
+    a list of byte strings, each sent with its own sendall()."""
+
+    def __init__(self, responses):
+        self.responses = list(responses)
+        self.connections = 0
+        self.seen: list[bytes] = []           # request heads, as received
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
+
+    def _conn(self, conn):
+        with conn:
+            buf = b""
+            while self.responses:
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                self.seen.append(head)
+                parts = self.responses.pop(0)
+                for p in parts:
+                    if p is None:
+                        return                   # hang up mid-body
+                    conn.sendall(p)
+
+    def close(self):
+        self.sock.close()
+
+
+def session():
+    s = requests.Session()
+    s.trust_env = False
+    return s
+
+
+def test_a_burst_of_chunks_is_relayed_in_few_pieces_and_the_connection_reused():
+    body = EVENT * 500
+    burst = HEAD + b"".join(framed(EVENT) for _ in range(500)) + b"0\r\n\r\n"
+    srv = ChunkedServer([[burst], [HEAD + framed(b"second") + b"0\r\n\r\n"]])
+    s = session()
+    try:
+        r = s.get(srv.url + "/a", stream=True)
+        pieces = list(iter_upstream(r))
+        assert b"".join(pieces) == body
+        # One piece per read of what had arrived, not one per HTTP chunk (500).
+        assert len(pieces) <= 50, len(pieces)
+        r.close()
+        r2 = s.get(srv.url + "/b", stream=True)
+        assert b"".join(iter_upstream(r2)) == b"second"
+        assert srv.connections == 1              # the pooled connection served both
+    finally:
+        srv.close()
+
+
+def test_framing_split_anywhere_and_trailers():
+    wire = framed(b"hello ") + framed(b"wor") + framed(b"ld") + b"0\r\nX-Trailer: 1\r\n\r\n"
+    # every byte its own send: size lines, CRLFs and the trailer section all split
+    srv = ChunkedServer([[HEAD] + [wire[i:i + 1] for i in range(len(wire))],
+                         [HEAD + framed(b"again") + b"0\r\n\r\n"]])
+    s = session()
+    try:
+        r = s.get(srv.url + "/a", stream=True)
+        assert b"".join(iter_upstream(r)) == b"hello world"
+        r.close()
+        r2 = s.get(srv.url + "/b", stream=True)     # trailers fully consumed
+        assert b"".join(iter_upstream(r2)) == b"again"
+        assert srv.connections == 1
+    finally:
+        srv.close()
+
+
+def test_a_body_that_breaks_off_calls_on_break_and_on_close():
+    srv = ChunkedServer([[HEAD + framed(b"partial"), None]])
+    s = session()
+    seen = {}
+    try:
+        r = s.get(srv.url + "/a", stream=True)
+
+        def on_break(e):
+            seen["break"] = e
+            return b"[error]"
+
+        out = b"".join(iter_upstream(r, on_close=lambda ok: seen.setdefault("complete", ok),
+                                     on_break=on_break))
+        assert out == b"partial[error]"
+        assert isinstance(seen["break"], requests.RequestException)
+        assert seen["complete"] is False
+    finally:
+        srv.close()
+
+
+def test_a_body_with_a_length_goes_through_requests():
+    data = b"x" * 1000
+    srv = ChunkedServer([[b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + data]])
+    s = session()
+    try:
+        r = s.get(srv.url + "/a", stream=True)
+        assert b"".join(iter_upstream(r)) == data
+    finally:
+        srv.close()
+
+
+def test_pooled_request_answers_like_requests_and_raises_its_errors():
+    from common.streaming import pooled_request
+    from tests.support.servers import free_port
+    srv = ChunkedServer([[HEAD.replace(b"200 OK", b"201 Created") + framed(b"ok") + b"0\r\n\r\n"]])
+    s = session()
+    try:
+        r = pooled_request(s, "POST", srv.url + "/v1/x?a=1", headers={"X-Test": "1"},
+                           data=b"{}", timeout=(5, 5))
+        assert isinstance(r, requests.Response)
+        assert r.status_code == 201 and r.headers["content-type"] == "text/event-stream"
+        assert r.url == srv.url + "/v1/x?a=1"
+        head = srv.seen[0].decode()
+        assert head.startswith("POST /v1/x?a=1 HTTP/1.1\r\n") and "X-Test: 1" in head
+        assert b"".join(iter_upstream(r)) == b"ok"
+    finally:
+        srv.close()
+    dead = f"http://127.0.0.1:{free_port()}/v1/x"
+    try:
+        pooled_request(s, "GET", dead, timeout=(5, 5))
+        raise AssertionError("no error")
+    except requests.exceptions.ConnectionError as e:
+        assert "Connection refused" in str(e)
+        assert not isinstance(e, requests.exceptions.ConnectTimeout)
+
+
+def test_a_head_answer_with_chunked_headers_has_no_body_to_wait_for():
+    srv = ChunkedServer([[HEAD], [HEAD + framed(b"after") + b"0\r\n\r\n"]])
+    s = session()
+    try:
+        r = s.head(srv.url + "/a", stream=True)
+        assert b"".join(iter_upstream(r)) == b""
+        r2 = s.get(srv.url + "/b", stream=True)
+        assert b"".join(iter_upstream(r2)) == b"after"
+    finally:
+        srv.close()
