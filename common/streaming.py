@@ -99,7 +99,7 @@ def iter_body(upstream: requests.Response) -> Iterator[bytes]:
     at its end the connection goes back to the pool. Any other body goes
     through requests' iter_content. Raises requests.RequestException when the
     upstream breaks off."""
-    raw = upstream.raw
+    raw = getattr(upstream, "raw", None)           # None: a response-like object
     hr = getattr(raw, "_fp", None)                 # http.client.HTTPResponse
     fp = getattr(hr, "fp", None)
     # Only a chunked body nobody has started reading; not a HEAD/204/304 answer

@@ -10,7 +10,8 @@ import time
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from common.errors import ApiError, error_response, install_error_handlers
+from common.errors import error_response, install_error_handlers
+from common.failures import reason
 from common.guard import harden
 from common.streaming import forward_headers, iter_upstream, relay
 
@@ -19,7 +20,7 @@ from .metrics import Metrics
 from .search import loop
 from .search.searxng import SearxngClient
 from .settings import Settings
-from .upstream import ModelCatalog, Upstream, _reason
+from .upstream import ModelCatalog, Upstream
 
 ADMIN_ROUTES = ("/load", "/load/<path:model>", "/unload", "/running",
                 "/upstream/<path:rest>", "/logs", "/logs/<path:rest>", "/events",
@@ -36,7 +37,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.MAX_BODY_BYTES
     install_error_handlers(app)
 
-    upstream = Upstream(settings.BACKEND_URL, settings.CONNECT_TIMEOUT)
+    upstream = Upstream(settings.BACKEND_URL, settings.CONNECT_TIMEOUT,
+                        api_key=settings.API_KEY)
     catalog = ModelCatalog(upstream, settings.MODELS_TTL)
     searx = SearxngClient(settings.SEARXNG_URL, settings.SEARXNG_RESULTS,
                           settings.SEARXNG_TIMEOUT)
@@ -87,7 +89,7 @@ def create_app(settings: Settings | None = None) -> Flask:
                 up["body"] = r.text[:500]
         except Exception as e:  # noqa: BLE001
             up["status"] = "unreachable"
-            up["error"] = _reason(e)
+            up["error"] = reason(e)
         return {"status": "ok", "service": "proxy", "upstream": up}
 
     @app.get("/metrics")

@@ -15,70 +15,81 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from common.disconnect import ClientGone, call_watching_client, watch_connections
-from common.errors import ApiError
+from common.failures import classify, failure, not_reached, reason
 from common.streaming import pooled_request
 
 log = logging.getLogger("proxy.upstream")
 
 
 class Upstream:
-    def __init__(self, base_url: str, connect_timeout: float = 10.0, pool_size: int = 1000):
+    def __init__(self, base_url: str, connect_timeout: float = 10.0, pool_size: int = 1000,
+                 api_key: str = ""):
         self.base_url = base_url.rstrip("/")
         self.connect_timeout = connect_timeout
-        s = requests.Session()
-        s.trust_env = False            # never route backend traffic through env proxies
-        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
-        s.mount("http://", adapter)
-        s.mount("https://", adapter)
-        self.session = watch_connections(s)
+        # The proxy's own API key is for its door: never sent on upstream.
+        self._strip = frozenset({"authorization", "x-api-key"}) if api_key else frozenset()
+        self.session = _session(pool_size)
 
     def request(self, method: str, path: str, *, query: str = "", headers=None, data=None,
                 stream: bool = True, read_timeout: float | None = None,
                 environ: dict | None = None, read_body: bool = False) -> requests.Response:
-        """Send one request upstream. Raises ApiError(502) if the upstream cannot be reached.
+        """Send one request upstream. Raises ApiError with the failure's cause
+        (common.failures) when the upstream cannot be reached.
 
-        With the client's WSGI `environ`, the wait for the answer's headers (and,
-        with read_body, its whole body) gives up when the client disconnects:
-        the upstream connection is closed, so the model stops generating.
+        A request that did not reach the upstream (refused, or the connection
+        closed before any answer: a kept-alive connection the server had just
+        closed) is sent once more on a fresh connection. With the client's WSGI
+        `environ`, the wait for the answer's headers (and, with read_body, its
+        whole body) gives up when the client disconnects: the upstream
+        connection is closed, so the model stops generating.
         """
         url = self.base_url + path
         if query:
             url += "?" + query
+        if self._strip and headers:
+            headers = {k: v for k, v in headers.items() if k.lower() not in self._strip}
+        timeout = (self.connect_timeout, read_timeout)
 
-        def send() -> requests.Response:
-            r = pooled_request(self.session, method, url, headers=headers, data=data,
-                               timeout=(self.connect_timeout, read_timeout))
+        def send(session: requests.Session) -> requests.Response:
+            r = pooled_request(session, method, url, headers=headers, data=data,
+                               timeout=timeout)
             if read_body or not stream:
                 r.content
             return r
 
-        try:
-            return call_watching_client(send, environ) if environ is not None else send()
-        except ClientGone:
-            raise ApiError("client disconnected before the answer", 499,
-                           code="client_closed") from None
-        except requests.exceptions.ConnectTimeout as e:
-            raise ApiError(f"upstream {self.base_url} unreachable: connect timed out after "
-                           f"{self.connect_timeout:g} s ({url})", 502,
-                           code="upstream_unreachable") from e
-        except requests.exceptions.ConnectionError as e:
-            raise ApiError(f"upstream {self.base_url} unreachable: {_reason(e)} ({url})", 502,
-                           code="upstream_unreachable") from e
-        except requests.exceptions.ReadTimeout as e:
-            raise ApiError(f"upstream {self.base_url} timed out ({url})", 504,
-                           code="upstream_timeout") from e
-        except requests.RequestException as e:
-            raise ApiError(f"upstream {self.base_url} request failed: {e} ({url})", 502,
-                           code="upstream_error") from e
+        for attempt in (1, 2):
+            session = self.session if attempt == 1 else _session(1)
+            try:
+                if environ is None:
+                    return send(session)
+                return call_watching_client(lambda: send(session), environ)
+            except ClientGone:
+                raise failure("client_gone", "client disconnected before the answer") from None
+            except requests.RequestException as e:
+                if attempt == 1 and not_reached(e):
+                    log.info("%s %s did not reach %s (%s): sending it again",
+                             method, path, self.base_url, reason(e))
+                    continue
+                cause = classify(e)
+                raise failure(cause, f"upstream {self.base_url} "
+                                     f"{_WHAT.get(cause, 'failed')}: {reason(e)} ({url})") from e
+            finally:
+                if attempt == 2:
+                    session.close()
+        raise AssertionError("unreachable")
 
 
-def _reason(e: Exception) -> str:
-    text = str(e)
-    for needle in ("Connection refused", "Name or service not known", "No route to host",
-                   "Temporary failure in name resolution", "Connection reset"):
-        if needle in text:
-            return needle.lower()
-    return text[:300]
+_WHAT = {"unreachable": "unreachable", "closed_early": "closed the connection",
+         "timeout": "timed out"}
+
+
+def _session(pool_size: int) -> requests.Session:
+    s = requests.Session()
+    s.trust_env = False            # never route backend traffic through env proxies
+    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
+    s.mount("http://", adapter)
+    s.mount("https://", adapter)
+    return watch_connections(s)
 
 
 class ModelCatalog:

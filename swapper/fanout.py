@@ -23,7 +23,7 @@ from flask import Response
 from common.errors import ApiError, error_body
 from common.failures import classify, failure, reason, status_of
 from common.sse import DONE, emit, iter_events
-from common.streaming import NO_BUFFERING, forward_headers
+from common.streaming import NO_BUFFERING, forward_headers, iter_body
 
 from .forward import Forwarder, relay
 from .lease import Lease
@@ -164,7 +164,7 @@ class FanOut:
                     q.put((i, RuntimeError(f"the backend answered {up.status_code}: "
                                            f"{up.text[:300]}")))
                     return
-                for ev in iter_events(up.iter_content(chunk_size=None)):
+                for ev in iter_events(iter_body(up)):
                     if stop.is_set():
                         return
                     if ev.data is not None:

@@ -24,7 +24,7 @@ from common.disconnect import ClientGone, call_watching_client, watch_connection
 from common.errors import ApiError, error_body
 from common.failures import classify, failure, not_reached, reason, status_of
 from common.sse import comment, emit, error_event
-from common.streaming import NO_BUFFERING, forward_headers, iter_upstream
+from common.streaming import NO_BUFFERING, forward_headers, iter_upstream, pooled_request
 
 from .lease import Admission, Lease, waiting_for
 from .settings import Settings
@@ -137,13 +137,12 @@ class Forwarder:
     def _send(self, method: str, url: str, body, headers: dict, fresh: bool) -> requests.Response:
         timeout = (self.settings.connect_timeout, None)
         if not fresh:
-            return self.session.request(method, url, data=body, headers=headers, stream=True,
-                                        timeout=timeout, allow_redirects=False)
+            return pooled_request(self.session, method, url, headers=headers, data=body,
+                                  timeout=timeout)
         # A new connection, closed after this answer: the pooled one may be stale.
         s = _session(1)
-        headers = {**headers, "Connection": "close"}
-        r = s.request(method, url, data=body, headers=headers, stream=True, timeout=timeout,
-                      allow_redirects=False)
+        r = pooled_request(s, method, url, headers={**headers, "Connection": "close"},
+                           data=body, timeout=timeout)
         s.close()       # the answer keeps its own connection until it is read
         return r
 

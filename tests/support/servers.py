@@ -77,3 +77,47 @@ def post_and_abandon(url: str, path: str, body: dict, after: float = 1.5) -> Non
     conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
     time.sleep(after)
     conn.close()
+
+
+class DropFirst:
+    """A backend whose first connection is closed without an answer (what a
+    stale kept-alive connection looks like), then answers normally."""
+
+    def __init__(self, chat_url: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.target = int(chat_url.rsplit(":", 1)[1])
+        self.dropped = 0
+        self.sock = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if self.dropped == 0:
+                self.dropped += 1
+                conn.recv(65536)
+                conn.close()
+                continue
+            threading.Thread(target=self._pipe, args=(conn,), daemon=True).start()
+
+    def _pipe(self, conn):
+        up = socket.create_connection(("127.0.0.1", self.target))
+
+        def copy(a, b):
+            try:
+                while data := a.recv(65536):
+                    b.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for s in (a, b):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+        threading.Thread(target=copy, args=(up, conn), daemon=True).start()
+        copy(conn, up)

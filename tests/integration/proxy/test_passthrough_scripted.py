@@ -225,3 +225,26 @@ def test_n_and_a_missing_model_are_left_to_the_upstream(make_proxy, chat):
                                                            "tool_choice": "none"})
     assert r.status_code == 200, r.text
     assert chat.requests[-1]["n"] == 3 and "model" not in chat.requests[-1]
+
+
+def test_a_request_the_upstream_closed_on_is_sent_again(make_proxy, chat):
+    """The proxy's own hop: a kept-alive connection the upstream had closed
+    (llama-server after a stream, gunicorn's keep-alive) reaches no one; the
+    request goes again on a fresh connection instead of failing with 502."""
+    from tests.support.servers import DropFirst
+    drop = DropFirst(chat.url)
+    proxy = make_proxy(BACKEND_URL=drop.url, WEB_SEARCH=False)
+    chat.script(Reply(content="answered"))
+    r = requests.post(proxy + "/v1/chat/completions", json={"messages": USER}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "answered"
+    assert drop.dropped == 1 and len(chat.requests) == 1
+
+
+def test_the_proxys_api_key_is_not_sent_upstream(make_proxy, chat):
+    proxy = make_proxy(API_KEY="s3cret")
+    r = requests.get(proxy + "/v1/anything", timeout=30,
+                     headers={"Authorization": "Bearer s3cret", "X-Other": "kept"})
+    assert r.status_code == 200, r.text
+    sent = {k.lower(): v for k, v in chat.other[-1]["headers"].items()}
+    assert "authorization" not in sent and sent["x-other"] == "kept"

@@ -6,7 +6,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import docker
-import pytest
 import requests
 
 from tests.support.servers import post_and_abandon

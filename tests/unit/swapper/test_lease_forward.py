@@ -4,8 +4,6 @@ exactly once, whatever ends it (answer read, body never read, broken stream,
 failure before the answer, fan-out member); a request that never reached its
 backend is sent again, never failed."""
 import json
-import socket
-import threading
 import time
 
 import pytest
@@ -14,7 +12,7 @@ from swapper.app import create_app
 from swapper.settings import Settings
 from tests.support.chat import Reply, ScriptedChat
 from tests.support.fake_runtime import FakeRuntime
-from tests.support.servers import free_port
+from tests.support.servers import DropFirst
 from tests.support.swapperproc import FIXTURE_BACKENDS
 
 ENV = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
@@ -95,50 +93,6 @@ def test_a_backend_error_status_is_relayed_and_frees_the_slot(chat):
     assert r.status_code == 500 and r.json["error"]["message"] == "boom"
     assert settled(app)["in_flight"] == 0
     assert ask(c).status_code == 200
-
-
-class DropFirst:
-    """A backend whose first connection is closed without an answer (what a
-    stale kept-alive connection looks like), then answers normally."""
-
-    def __init__(self, chat_url: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.target = int(chat_url.rsplit(":", 1)[1])
-        self.dropped = 0
-        self.sock = socket.create_server(("127.0.0.1", self.port))
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            if self.dropped == 0:
-                self.dropped += 1
-                conn.recv(65536)
-                conn.close()
-                continue
-            threading.Thread(target=self._pipe, args=(conn,), daemon=True).start()
-
-    def _pipe(self, conn):
-        up = socket.create_connection(("127.0.0.1", self.target))
-
-        def copy(a, b):
-            try:
-                while data := a.recv(65536):
-                    b.sendall(data)
-            except OSError:
-                pass
-            finally:
-                for s in (a, b):
-                    try:
-                        s.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-        threading.Thread(target=copy, args=(up, conn), daemon=True).start()
-        copy(conn, up)
 
 
 def test_a_request_closed_before_any_answer_is_sent_again_on_a_fresh_connection(chat):
