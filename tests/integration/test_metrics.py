@@ -133,7 +133,9 @@ def test_streamed_dialects_count_their_usage(stack):
     # tiny-b then tiny-a: each stream is followed by a swap (see above)
     msgs = _events(requests.post(proxy.url + "/v1/messages", stream=True, timeout=300, json={
         "model": "tiny-b", "messages": HELLO, "max_tokens": 4, "stream": True}))
-    start = next(e for e in msgs if e["type"] == "message_start")["message"]["usage"]
+    start = next((e for e in msgs if e.get("type") == "message_start"), None)
+    assert start is not None, msgs
+    start = start["message"]["usage"]
     out = [e["usage"]["output_tokens"] for e in msgs if e["type"] == "message_delta"][-1]
     resp = _events(requests.post(proxy.url + "/v1/responses", stream=True, timeout=300, json={
         "model": "a", "input": "Say hello.", "max_output_tokens": 4, "stream": True}))

@@ -11,6 +11,8 @@ import socket
 import tempfile
 import threading
 
+from .servers import pipe
+
 REAL = "/var/run/docker.sock"
 
 
@@ -80,20 +82,12 @@ class DockerRelay:
             with self._lock:
                 self._conns.update((client, engine))
             for a, b in ((client, engine), (engine, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+                threading.Thread(target=pipe, args=(a, b, self._forget), daemon=True).start()
 
-    def _pipe(self, a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                _close(s)
-            with self._lock:
-                self._conns.discard(a)
-                self._conns.discard(b)
+    def _forget(self, a: socket.socket, b: socket.socket) -> None:
+        with self._lock:
+            self._conns.discard(a)
+            self._conns.discard(b)
 
 
 def _close(s: socket.socket) -> None:

@@ -106,18 +106,27 @@ class DropFirst:
 
     def _pipe(self, conn):
         up = socket.create_connection(("127.0.0.1", self.target))
+        threading.Thread(target=pipe, args=(up, conn), daemon=True).start()
+        pipe(conn, up)
 
-        def copy(a, b):
+
+def pipe(a: socket.socket, b: socket.socket, on_end=None) -> None:
+    """Copy bytes from a to b until either side ends; then shut both down
+    (and call `on_end(a, b)`)."""
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (a, b):
             try:
-                while data := a.recv(65536):
-                    b.sendall(data)
+                s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-            finally:
-                for s in (a, b):
-                    try:
-                        s.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-        threading.Thread(target=copy, args=(up, conn), daemon=True).start()
-        copy(conn, up)
+            try:
+                s.close()
+            except OSError:
+                pass
+        if on_end is not None:
+            on_end(a, b)
