@@ -13,6 +13,7 @@ import socket
 from typing import Callable, TypeVar
 
 import requests
+from requests.adapters import HTTPAdapter
 import urllib3
 from greenlet import getcurrent
 
@@ -94,6 +95,18 @@ class _StreamSpendingPool(_WatchedPool):
             conn.close()
             conn = None               # the pool opens a new one when needed
         super()._put_conn(conn)
+
+
+def new_session(pool_size: int, fresh_after_stream: bool = False) -> requests.Session:
+    """A pooled session to an upstream: no retries (callers decide), no proxies
+    from the environment, connections cuttable by call_watching_client (and,
+    with `fresh_after_stream`, not reused after a streamed answer)."""
+    s = requests.Session()
+    s.trust_env = False            # never route backend traffic through env proxies
+    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
+    s.mount("http://", adapter)
+    s.mount("https://", adapter)
+    return watch_connections(s, fresh_after_stream)
 
 
 def watch_connections(session: requests.Session,

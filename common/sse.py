@@ -90,6 +90,28 @@ def iter_events(chunks: Iterable[bytes]) -> Iterator[Event]:
     yield from parser.flush()
 
 
+def json_events(chunks: Iterable[bytes]) -> Iterator[tuple[str | None, object]]:
+    """A stream's JSON-object events as (`event:` name or None, object), up to
+    `[DONE]`; a comment comes as (":", its raw bytes). Data that is not a JSON
+    object is skipped."""
+    for ev in iter_events(chunks):
+        if ev.data is None:
+            yield ":", ev.raw
+            continue
+        if ev.is_done:
+            return
+        try:
+            obj = json.loads(ev.data)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            name = None
+            for line in ev.raw.split(b"\n"):
+                if line.startswith(b"event:"):
+                    name = line[6:].strip().decode()
+            yield name, obj
+
+
 # Anthropic's error types by HTTP status (its SSE and JSON error shape).
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                     403: "permission_error", 404: "not_found_error", 413: "request_too_large",

@@ -12,9 +12,8 @@ import threading
 import time
 
 import requests
-from requests.adapters import HTTPAdapter
 
-from common.disconnect import ClientGone, call_watching_client, watch_connections
+from common.disconnect import ClientGone, call_watching_client, new_session
 from common.failures import classify, failure, not_reached, reason
 from common.streaming import pooled_request
 
@@ -28,7 +27,7 @@ class Upstream:
         self.connect_timeout = connect_timeout
         # The proxy's own API key is for its door: never sent on upstream.
         self._strip = frozenset({"authorization", "x-api-key"}) if api_key else frozenset()
-        self.session = _session(pool_size)
+        self.session = new_session(pool_size)
 
     def request(self, method: str, path: str, *, query: str = "", headers=None, data=None,
                 stream: bool = True, read_timeout: float | None = None,
@@ -58,7 +57,7 @@ class Upstream:
             return r
 
         for attempt in (1, 2):
-            session = self.session if attempt == 1 else _session(1)
+            session = self.session if attempt == 1 else new_session(1)
             try:
                 if environ is None:
                     return send(session)
@@ -81,15 +80,6 @@ class Upstream:
 
 _WHAT = {"unreachable": "unreachable", "closed_early": "closed the connection",
          "timeout": "timed out"}
-
-
-def _session(pool_size: int) -> requests.Session:
-    s = requests.Session()
-    s.trust_env = False            # never route backend traffic through env proxies
-    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
-    s.mount("http://", adapter)
-    s.mount("https://", adapter)
-    return watch_connections(s)
 
 
 class ModelCatalog:

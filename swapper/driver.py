@@ -40,6 +40,9 @@ class Driver:
         self.metrics = metrics
         self.last_load_seconds: float | None = None
         self.adopted = False          # containers of an earlier run looked at
+        # PRELOAD and IDLE_MODEL as registry ids (validated at start-up).
+        self._preload = _model_id(registry, settings.preload)
+        self._resting = _model_id(registry, settings.idle_model)
         self._sleep = sleep
         self._clock = clock
 
@@ -80,13 +83,8 @@ class Driver:
         self.adopted = True
         if adopted is not None:
             self.scheduler.found_resident(adopted.model, adopted)
-        preload = self._model_named(self.settings.preload)
-        if preload and (adopted is None or adopted.model != preload):
-            self.request_load(preload, "PRELOAD")
-
-    def _model_named(self, name: str | None) -> str | None:
-        spec = self.registry.resolve(name) if name else None
-        return spec.id if spec is not None else None
+        if self._preload and (adopted is None or adopted.model != self._preload):
+            self.request_load(self._preload, "PRELOAD")
 
     def request_load(self, model: str, why: str) -> None:
         """Load `model` as if a request asked for it (queued like one, so it
@@ -160,7 +158,7 @@ class Driver:
             return
         self.alive(snap["backend"])
         spec = self.registry.models.get(snap["model"])
-        resting = self._model_named(self.settings.idle_model)
+        resting = self._resting
         if spec is not None and spec.idle_ttl > 0 and spec.id != resting:
             if self.scheduler.expire_idle(spec.idle_ttl):
                 log.info("model %s idle for %g s: unloading", spec.id, spec.idle_ttl)
@@ -187,3 +185,9 @@ class Driver:
             log.error("model %s crashed: %s", backend.model, reason)
             self.metrics.crashed(backend.model)
         return running
+
+
+def _model_id(registry, name: str | None) -> str | None:
+    """The registry id of a model named by id or alias (None: not named)."""
+    spec = registry.resolve(name) if name else None
+    return spec.id if spec is not None else None

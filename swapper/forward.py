@@ -18,9 +18,8 @@ import logging
 
 import requests
 from flask import Response
-from requests.adapters import HTTPAdapter
 
-from common.disconnect import ClientGone, call_watching_client, watch_connections
+from common.disconnect import ClientGone, call_watching_client, new_session
 from common.errors import ApiError, error_body
 from common.failures import classify, failure, not_reached, reason, status_of
 from common.sse import comment, emit, error_event
@@ -32,18 +31,11 @@ from .settings import Settings
 log = logging.getLogger("swapper.forward")
 
 
-def _session(pool: int) -> requests.Session:
-    s = requests.Session()
-    s.trust_env = False
-    s.mount("http://", HTTPAdapter(pool_connections=4, pool_maxsize=pool, max_retries=0))
-    return watch_connections(s, fresh_after_stream=True)
-
-
 class Forwarder:
     def __init__(self, admission: Admission, settings: Settings):
         self.admission = admission
         self.settings = settings
-        self.session = _session(128)
+        self.session = new_session(128, fresh_after_stream=True)
 
     @staticmethod
     def url(lease: Lease, path: str, query: str) -> str:
@@ -140,7 +132,7 @@ class Forwarder:
             return pooled_request(self.session, method, url, headers=headers, data=body,
                                   timeout=timeout)
         # A new connection, closed after this answer: the pooled one may be stale.
-        s = _session(1)
+        s = new_session(1, fresh_after_stream=True)
         r = pooled_request(s, method, url, headers={**headers, "Connection": "close"},
                            data=body, timeout=timeout)
         s.close()       # the answer keeps its own connection until it is read

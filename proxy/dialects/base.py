@@ -83,19 +83,4 @@ class DialectSession:
         """The backend's SSE events as (event name, JSON object); ends at [DONE].
         A comment (the swapper's progress while a model loads) comes as
         (":", its raw bytes), for the dialect to pass on to its client."""
-        for ev in sse.iter_events(resp.iter_content(chunk_size=None)):
-            if ev.data is None:
-                yield ":", ev.raw
-                continue
-            if ev.is_done:
-                return
-            try:
-                obj = json.loads(ev.data)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                name = None
-                for line in ev.raw.split(b"\n"):
-                    if line.startswith(b"event:"):
-                        name = line[6:].strip().decode()
-                yield name, obj
+        return sse.json_events(resp.iter_content(chunk_size=None))

@@ -265,16 +265,8 @@ def chat_to_response(obj: dict, model) -> dict:
 # ================================================================= streams
 
 def _chunks(resp: requests.Response) -> Iterator[dict]:
-    for ev in sse.iter_events(resp.iter_content(chunk_size=None)):
-        if ev.data is None:
-            continue
-        if ev.is_done:
-            return
-        try:
-            obj = json.loads(ev.data)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
+    for name, obj in sse.json_events(resp.iter_content(chunk_size=None)):
+        if name != ":":
             yield obj
 
 

@@ -11,7 +11,7 @@ import socket
 import tempfile
 import threading
 
-from .servers import pipe
+from .servers import close_socket, pipe
 
 REAL = "/var/run/docker.sock"
 
@@ -51,7 +51,7 @@ class DockerRelay:
         with self._lock:
             conns, self._conns = self._conns, set()
         for c in conns:
-            _close(c)
+            close_socket(c)
 
     def __enter__(self) -> "DockerRelay":
         return self
@@ -71,13 +71,13 @@ class DockerRelay:
             except OSError:
                 return
             if self._listener is not ls:
-                _close(client)
+                close_socket(client)
                 return
             try:
                 engine = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 engine.connect(self.target)
             except OSError:
-                _close(client)
+                close_socket(client)
                 continue
             with self._lock:
                 self._conns.update((client, engine))
@@ -89,13 +89,3 @@ class DockerRelay:
             self._conns.discard(a)
             self._conns.discard(b)
 
-
-def _close(s: socket.socket) -> None:
-    try:
-        s.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    try:
-        s.close()
-    except OSError:
-        pass

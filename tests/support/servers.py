@@ -119,14 +119,19 @@ def pipe(a: socket.socket, b: socket.socket, on_end=None) -> None:
     except OSError:
         pass
     finally:
-        for s in (a, b):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            try:
-                s.close()
-            except OSError:
-                pass
+        close_socket(a)
+        close_socket(b)
         if on_end is not None:
             on_end(a, b)
+
+
+def close_socket(s: socket.socket) -> None:
+    """Shut a socket down (the peer sees the end at once) and close it."""
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        s.close()
+    except OSError:
+        pass

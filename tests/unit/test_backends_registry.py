@@ -15,20 +15,12 @@ import pytest
 import yaml
 
 from swapper.registry import Registry, RegistryError, interpolate
+from tests.support.seed_names import SEED_NAMES
 
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = REPO / "backends"
 MANIFEST = REPO / "scripts" / "models.toml"
 GPU_MODELS = ("qwen-38-27b", "qwen-35b", "qwen-122b", "foundation")
-# The seed's API: ids and aliases clients of the original router use, and this
-# stack's earlier names (kept as aliases so nothing breaks).
-SEED_NAMES = {
-    "qwen-38-27b": ["qwen38", "qwen38-27b", "qwen36", "qwen36-q6", "qwen36-text",
-                    "qwen3.8-27b", "qwen-27b", "qwen", "qwen-vision"],
-    "qwen-35b": ["qwen36-35b", "qwen3.8-35b-a3b", "qwen-moe"],
-    "qwen-122b": ["qwen35-122b", "qwen3.8-122b-a10b", "qwen-big"],
-    "foundation": ["huihui", "qwen-awq"],
-}
 
 TYPICAL_ENV = {
     "MODELS_DIR": "/srv/models",
