@@ -14,15 +14,6 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
-# A Python >= 3.11 (tomllib), preferring the repo's venv.
-py=""
-for cand in "$repo/.venv/bin/python" python3 python; do
-  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
-    py="$cand"; break
-  fi
-done
-if [ -z "$py" ]; then
-  echo "download-model.sh: needs Python 3.11 or newer (python3)" >&2
-  exit 2
-fi
-exec "$py" "$repo/scripts/models.py" "$@"
+# shellcheck source=scripts/python.sh
+. "$repo/scripts/python.sh"
+run_python download-model.sh models.py "$@"

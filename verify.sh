@@ -13,14 +13,6 @@
 # gate entry, no stack). PROXY_PORT, API_KEY, SEARXNG_URL come from the environment or .env.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-py=""
-for cand in "$repo/.venv/bin/python" python3 python; do
-  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
-    py="$cand"; break
-  fi
-done
-if [ -z "$py" ]; then
-  echo "verify.sh: needs Python 3.11 or newer (python3)" >&2
-  exit 2
-fi
-exec "$py" "$repo/scripts/verify.py" "$@"
+# shellcheck source=scripts/python.sh
+. "$repo/scripts/python.sh"
+run_python verify.sh verify.py "$@"
