@@ -54,7 +54,8 @@ def test_head_and_options_on_every_route_leave_nothing_held(swapper, method):
     assert requests.post(swapper.url + "/load/a", timeout=180).status_code == 200
     for path in ("/healthz", "/running", "/metrics", "/v1/models", "/v1/models/tiny-a",
                  "/logs/tiny-a", "/upstream/tiny-a/health", "/upstream/tiny-a/v1/models",
-                 "/v1/chat/completions", "/v1/completions", "/load/tiny-a", "/unload"):
+                 "/v1/chat/completions", "/v1/completions", "/load/tiny-a", "/unload",
+                 "/events", "/models", "/models/load", "/models/unload"):
         r = requests.request(method, swapper.url + path, timeout=30)
         assert r.status_code < 500, (method, path, r.status_code, r.text)
         if method == "OPTIONS" and r.status_code >= 400:
