@@ -50,6 +50,31 @@ class _WatchedConnection(urllib3.connection.HTTPConnection):
     carried a streamed answer, after which the swapper does not use it again."""
 
     spent = False
+    _held: bytes | None = None     # the header block, while a body is due
+
+    def request(self, method, url, body=None, headers=None, **kwargs):
+        """urllib3 sends a request's header block and its body in two send()s;
+        a bytes body goes in the same one here. On loopback each send runs the
+        receiver's TCP path and wakes it: one wake-up less per request."""
+        if isinstance(body, bytes) and body:
+            self._held = b""
+        try:
+            result = super().request(method, url, body=body, headers=headers, **kwargs)
+        finally:
+            held, self._held = self._held, None
+        if held:                        # no body went out after all: the head alone
+            super().send(held)
+        return result
+
+    def send(self, data):
+        held = self._held
+        if held is None:
+            return super().send(data)
+        if not held:                    # the header block: wait for the body
+            self._held = data
+            return None
+        self._held = None
+        return super().send(held + data)
 
     @property
     def is_connected(self) -> bool:

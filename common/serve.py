@@ -12,6 +12,7 @@ from typing import Callable
 
 from gunicorn import util as gunicorn_util
 from gunicorn.app.base import BaseApplication
+from gunicorn.http import wsgi as gunicorn_wsgi
 
 from .errors import error_body
 
@@ -34,6 +35,56 @@ def write_envelope_error(sock, status_int: int, reason: str, mesg: str) -> None:
 # gunicorn's workers call util.write_error for these; every worker process of
 # ours serves through this module, so the envelope replaces the HTML page.
 gunicorn_util.write_error = write_envelope_error
+
+
+class _Collect:
+    """Stands in for the socket while gunicorn writes a header block we hold."""
+
+    def __init__(self):
+        self.data = b""
+
+    def sendall(self, data: bytes) -> None:
+        self.data += data
+
+
+class HeadWithBody(gunicorn_wsgi.Response):
+    """gunicorn's response, except that when the body's length is known
+    (Content-Length) the header block leaves with the body in one send()
+    instead of two. On loopback every send() runs the receiver's TCP path and
+    wakes it: a non-streaming answer passed through proxy and swapper cost one
+    wake-up more per hop. Streamed (chunked) answers keep sending their
+    headers at once: a client waiting on a long prompt or a model load sees
+    them before the first token."""
+
+    _head = b""
+
+    def send_headers(self):
+        if self.headers_sent or self.chunked or not self.response_length:
+            return super().send_headers()
+        sock, self.sock = self.sock, _Collect()
+        try:
+            super().send_headers()
+        finally:
+            self._head, self.sock = self.sock.data, sock
+
+    def _emit_body(self, data: bytes) -> None:
+        head, self._head = self._head, b""
+        super()._emit_body(head + data if head else data)
+
+    def close(self):
+        super().close()
+        head, self._head = self._head, b""
+        if head:                     # no body was written (HEAD, an app that wrote none)
+            self.sock.sendall(head)
+        if self.response_length is not None and self.sent < self.response_length \
+                and not self._omits_body:
+            # A relayed body that broke off short of its Content-Length: the
+            # client can only tell if the connection ends here.
+            self.force_close()
+
+
+# gunicorn.http.wsgi.create() builds its responses from this name.
+gunicorn_wsgi.Response = HeadWithBody
 
 
 class _Server(BaseApplication):

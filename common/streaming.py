@@ -32,6 +32,20 @@ def forward_headers(headers) -> dict:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
 
 
+def answer_headers(upstream: requests.Response) -> dict:
+    """An upstream answer's headers for relaying its body unchanged: the
+    forwarded ones, and its Content-Length when the bytes we relay are the
+    bytes it counted (no content coding: requests decodes those). A known
+    length lets the WSGI server send a non-streamed answer in one write
+    instead of chunked pieces (common.serve.HeadWithBody)."""
+    headers = forward_headers(upstream.headers)
+    length = upstream.headers.get("content-length")
+    if length is not None and \
+            upstream.headers.get("content-encoding", "identity").lower() == "identity":
+        headers["Content-Length"] = length
+    return headers
+
+
 READ_SIZE = 65536
 
 
@@ -194,7 +208,8 @@ def iter_upstream(upstream: requests.Response,
 def relay(upstream: requests.Response, body: Iterable[bytes] | None = None,
           on_close: Callable[[bool], None] | None = None) -> Response:
     """A streaming Flask response mirroring the upstream status and headers."""
-    headers = forward_headers(upstream.headers)
+    headers = forward_headers(upstream.headers) if body is not None else \
+        answer_headers(upstream)
     headers.update(NO_BUFFERING)
     resp = Response(
         body if body is not None else iter_upstream(upstream, on_close=on_close),

@@ -23,7 +23,8 @@ from common.disconnect import ClientGone, call_watching_client, new_session
 from common.errors import ApiError, error_body
 from common.failures import classify, failure, not_reached, reason, status_of
 from common.sse import comment, emit, error_event
-from common.streaming import NO_BUFFERING, forward_headers, iter_upstream, pooled_request
+from common.streaming import (NO_BUFFERING, answer_headers, forward_headers, iter_upstream,
+                              pooled_request)
 
 from .lease import Admission, Lease, waiting_for
 from .settings import Settings
@@ -195,7 +196,7 @@ def _error_message(upstream: requests.Response) -> str:
 
 def relay(lease: Lease, upstream: requests.Response) -> Response:
     """A streaming Flask response mirroring the upstream status and headers."""
-    headers = forward_headers(upstream.headers)
+    headers = answer_headers(upstream)
     headers.update(NO_BUFFERING)
     return Response(LeasedBody(lease, upstream), status=upstream.status_code,
                     headers=headers, direct_passthrough=True)

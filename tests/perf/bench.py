@@ -14,6 +14,9 @@ order that rotates from round to round; "added" is the median of the per-round
 differences to direct, so slow phases of a noisy machine cancel out):
   real     the test bed's llama-server + SmolLM2 via the swapper: 1-token
            non-stream latency, streamed TTFT, 256-token decode tok/s
+  hop      non-streaming requests to the synthetic backend (it answers at
+           once): what each hop adds in wall time and CPU ms per request, for
+           a tiny body and an agent-sized one
   synth    tests/perf/synth.py in a container: chunks/s of one fast stream, CPU
            seconds per 1,000 chunks in the proxy and swapper processes;
            1/16/64/256 concurrent paced streams: errors, TTFT p50/p99,
@@ -99,20 +102,23 @@ def group_pids(leader: int) -> list[int]:
     return pids
 
 
-TICK = os.sysconf("SC_CLK_TCK")
-
-
 def cpu_seconds(leader: int) -> float:
+    """CPU time of the leader's whole process group, to the nanosecond: the
+    scheduler's own account of every thread (/proc/*/task/*/schedstat), not
+    utime+stime, which count in ticks of 10 ms."""
     total = 0
     for pid in group_pids(leader):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                st = f.read()
-            fields = st[st.rindex(")") + 2:].split()
-            total += int(fields[11]) + int(fields[12])    # utime + stime
-        except (OSError, ValueError):
-            pass
-    return total / TICK
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total / 1e9
 
 
 def memory_mb(leader: int) -> dict:
@@ -196,8 +202,12 @@ def rotations(names: list[str], rounds: int):
 # ------------------------------------------------------------------ workloads
 
 def chat(model: str, max_tokens: int, stream: bool, prompt: str = "Say hi.", **extra) -> dict:
+    # n_predict too: llama-server takes it before max_tokens, so every path
+    # generates the same tokens although the stack's default web_search tool
+    # raises max_tokens to the tool floor (TOOL_MAX_TOKENS_FLOOR).
     return {"model": model, "messages": [SYSTEM, {"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": stream, **extra}
+            "max_tokens": max_tokens, "n_predict": max_tokens, "temperature": 0,
+            "stream": stream, **extra}
 
 
 def auth_headers_ok(status: int, what: str, body: bytes = b""):
@@ -265,6 +275,51 @@ def real_workloads(paths: dict[str, str], leaders: dict[str, dict[str, int]], a)
             "decode_ttft_s": dfirst, "decode_tokens": tokens, "decode_cpu_ms_per_token": cpu,
             "nonstream_added_s": paired(lat), "ttft_added_s": paired(first),
             "decode_ratio": paired(rate, ratio=True)}
+
+
+def agent_messages(kb: int) -> list[dict]:
+    """A coding agent's conversation of about `kb` KB: code in the history."""
+    line = "    def handler(self, request):  # route the request to its model\n"
+    turns, size = [SYSTEM], 0
+    while size < kb * 1024:
+        turns.append({"role": "user", "content": "Refactor this:\n" + line * 40})
+        turns.append({"role": "assistant", "content": "Done:\n" + line * 40})
+        size += 2 * 40 * len(line)
+    turns.append({"role": "user", "content": "Say hi."})
+    return turns
+
+
+def hop(paths: dict[str, str], leaders: dict[str, dict[str, int]], a) -> dict:
+    """What each hop adds to a non-streaming request when the backend answers at
+    once (the synthetic backend): wall time added (paired, rotated) and CPU ms
+    per request of each service, for a tiny body and an agent-sized one."""
+    names = list(paths)
+    sessions = {k: client.Session(u) for k, u in paths.items()}
+    bodies = {"tiny": chat("synth", 1, False),
+              f"{a.hop_kb}kb": {**chat("synth", 1, False), "messages": agent_messages(a.hop_kb)}}
+    out = {}
+    for label, body in bodies.items():
+        lat = {k: [] for k in names}
+        cpu: dict[str, dict[str, float]] = {k: {} for k in names}
+        for order in rotations(names, a.warmup):
+            for k in order:
+                sessions[k].post("/v1/chat/completions", body)
+        for order in rotations(names, a.hop_rounds):
+            for k in order:
+                before = {svc: cpu_seconds(pid) for svc, pid in leaders[k].items()}
+                st, resp, dt = sessions[k].post("/v1/chat/completions", body)
+                after = {svc: cpu_seconds(pid) for svc, pid in leaders[k].items()}
+                auth_headers_ok(st, f"{k} hop {label}", resp)
+                lat[k].append(dt)
+                for svc in before:
+                    cpu[k][svc] = cpu[k].get(svc, 0.0) + after[svc] - before[svc]
+        out[label] = {"latency_s": lat, "added_s": paired(lat),
+                      "cpu_ms_per_request": {k: {svc: t / a.hop_rounds * 1e3
+                                                 for svc, t in v.items()}
+                                             for k, v in cpu.items()}}
+    for s in sessions.values():
+        s.close()
+    return out
 
 
 def synth_throughput(paths: dict[str, str], leaders: dict[str, dict[str, int]], a) -> dict:
@@ -420,6 +475,18 @@ def report(res: dict) -> str:
                 + (", ".join(f"{svc} {med(x):.3f}" for svc, x in
                              r["decode_cpu_ms_per_token"][k].items()) or "—") + " |")
         add("")
+    if "hop" in res:
+        add("### What a hop adds: non-streaming requests to the synthetic backend "
+            "(answers at once)\n")
+        add("| body | path | ms, median (p99) | added, ms | CPU ms per request |")
+        add("|---|---|---|---|---|")
+        for label, h in res["hop"].items():
+            for k, v in h["latency_s"].items():
+                cpus = ", ".join(f"{svc} {x:.2f}" for svc, x in
+                                 h["cpu_ms_per_request"][k].items()) or "—"
+                add(f"| {label} | {k} | {fmt(med(v), 1e3, 2)} ({fmt(pct(v, 99), 1e3, 2)}) | "
+                    f"{fmt(h['added_s'][k], 1e3, 2, sign=True)} | {cpus} |")
+        add("")
     if "synth" in res:
         s = res["synth"]
         add("### Synthetic fast SSE backend: one unpaced stream\n")
@@ -492,7 +559,7 @@ def machine() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="real,synth,concurrency,swap,health",
+    ap.add_argument("--only", default="real,hop,synth,concurrency,swap,health",
                     help="comma-separated workloads")
     ap.add_argument("--paths", default="direct,proxy,swapper,stack,stack-nosearch,litellm")
     ap.add_argument("--litellm", default=os.environ.get("PERF_LITELLM", ""),
@@ -504,6 +571,9 @@ def main() -> None:
                          "connection after a stream a moment later than it says)")
     ap.add_argument("--decode-rounds", type=int, default=5)
     ap.add_argument("--decode-tokens", type=int, default=256)
+    ap.add_argument("--hop-rounds", type=int, default=300,
+                    help="rounds of non-streaming requests to the synthetic backend")
+    ap.add_argument("--hop-kb", type=int, default=32, help="size of the agent-sized body")
     ap.add_argument("--chunks", type=int, default=20000, help="chunks of the unpaced stream")
     ap.add_argument("--synth-rounds", type=int, default=3)
     ap.add_argument("--concurrency", default="1,16,64,256")
@@ -513,7 +583,8 @@ def main() -> None:
     ap.add_argument("--health-runs", type=int, default=5)
     ap.add_argument("--profile", default="",
                     help="py-spy binary: record the proxy and swapper workers during the "
-                         "synthetic stream (raw folded stacks next to the JSON)")
+                         "hop and synthetic stream workloads (raw folded stacks next to "
+                         "the JSON)")
     ap.add_argument("--out", default=os.environ.get("PERF_OUT", "/tmp/coding-stack-perf"))
     a = ap.parse_args()
     # SIGTERM (timeout, Ctrl-C from a wrapper) unwinds: services stopped, containers reaped.
@@ -570,12 +641,12 @@ def main() -> None:
                 requests.post(sw.url + "/load/llama", timeout=300).raise_for_status()
                 log("real workloads")
                 res["real"] = real_workloads(paths, leaders, a)
-            if only & {"synth", "concurrency"}:
+            if only & {"hop", "synth", "concurrency"}:
                 log("loading synth")
                 requests.post(sw.url + "/load/synth", timeout=300).raise_for_status()
                 profilers = []
                 if a.profile:
-                    for svc in ("stack", "swapper"):
+                    for svc in [k for k in procs if k != "litellm"]:
                         workers = [p for p in group_pids(pid[svc]) if p != pid[svc]]
                         for w in workers:
                             f = out_dir / f"profile-{stamp}-{svc}-{w}.txt"
@@ -584,6 +655,9 @@ def main() -> None:
                                  "-o", str(f), "--nonblocking"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                     time.sleep(1)
+                if "hop" in only:
+                    log("hop costs (non-streaming, synthetic backend)")
+                    res["hop"] = hop(paths, leaders, a)
                 if "synth" in only:
                     log("synthetic stream throughput")
                     res["synth"] = synth_throughput(paths, leaders, a)
