@@ -25,7 +25,7 @@ from flask import Response
 
 from common import sse
 from common.errors import ApiError, error_body
-from common.streaming import NO_BUFFERING, forward_headers
+from common.streaming import NO_BUFFERING, forward_headers, iter_body
 
 from .. import normalize
 from .engine import TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, Search, Searcher, Step, \
@@ -214,7 +214,7 @@ class _Round:
     (ours are held back, so theirs get consecutive indexes)."""
 
     def __init__(self, first_round: bool):
-        self.turn = Turn()
+        self.turn = _ChatTurn()
         self.first_round = first_round
         self.rkey: str | None = None
         self.finish_obj: dict | None = None
@@ -291,13 +291,39 @@ def stream_response(s: SearchSession, first: requests.Response) -> Response:
 
 
 def _relay_round(s: SearchSession, resp: requests.Response, rnd: _Round, head: dict):
-    """Relay one backend stream to the client; returns False if it ended the stream."""
-    for ev in sse.iter_events(resp.iter_content(chunk_size=None)):
+    """Relay one backend stream to the client, the events of each read in one write;
+    returns False if it ended the stream."""
+    for whole in sse.batches(iter_body(resp)):
+        if rnd.first_round and head and _plain(whole):
+            rnd.turn.texts.append(whole)       # parsed only if the text is needed
+            yield whole
+            continue
+        out: list[bytes] = []
+        more = _relay_events(s, whole, rnd, head, out)
+        if out:
+            yield b"".join(out)
+        if more is not None:
+            return more
+    return True
+
+
+def _relay_events(s: SearchSession, whole: bytes, rnd: _Round, head: dict,
+                  out: list) -> bool | None:
+    """The client's bytes for the events of one read, into `out`; True at [DONE],
+    False when an error ended the stream, None to read on."""
+    for raw in sse.split(whole):
+        if rnd.first_round and head and _plain(raw):
+            rnd.turn.texts.append(raw)
+            out.append(raw)
+            continue
+        ev = sse.parse_event(raw)
+        if ev is None:
+            continue
         if ev.data is None:
-            yield ev.raw                 # a comment (the swapper's progress): pass it on
+            out.append(raw)              # a comment (the swapper's progress): pass it on
             continue
         if ev.is_done:
-            break
+            return True
         try:
             obj = json.loads(ev.data)
         except ValueError:
@@ -305,21 +331,64 @@ def _relay_round(s: SearchSession, resp: requests.Response, rnd: _Round, head: d
         if not isinstance(obj, dict):
             continue
         if "error" in obj:
-            yield sse.emit(obj)
-            yield sse.DONE
+            out += (sse.emit(obj), sse.DONE)
             return False
         if not head:
             head.update({k: obj[k] for k in ("id", "created", "model", "system_fingerprint")
                          if k in obj})
-        out, changed = rnd.feed(obj, s)
-        if out is None:
+        chunk, changed = rnd.feed(obj, s)
+        if chunk is None:
             continue
         if not changed:
-            yield ev.raw
+            out.append(raw)
         else:
-            out.update(head)
-            yield sse.emit(out)
-    return True
+            chunk.update(head)
+            out.append(sse.emit(chunk))
+    return None
+
+
+# What the first round may have to change in a chunk or learn from it, besides its text.
+_MARKERS = (b'"tool_calls"', b'"reasoning', b'"usage"', b'"error"')
+
+
+def _plain(whole: bytes) -> bool:
+    """Whether whole events (one or more) are all chunks that the first round passes
+    on as the backend sent them and learns only their text from: each a single
+    `data:` line holding a JSON object with a choice, no tool calls, reasoning, usage
+    or error, and a null (or no) finish_reason. Checked on the bytes, at C speed; a
+    false "no" only costs the parse."""
+    n = whole.count(b"\n\n")
+    return (whole.startswith(b'data: {"')
+            and whole.count(b'\n\ndata: {"') == n - 1
+            and whole.count(b"\n") == 2 * n
+            and whole.count(b"}\n\n") == n
+            and whole.count(b'"choices":[{') == n
+            and whole.count(b'"finish_reason"') == whole.count(b'"finish_reason":null')
+            and not any(m in whole for m in _MARKERS))
+
+
+def _text_of(whole: bytes) -> str:
+    """The content of plain chunks (see _plain), as _Round.feed would have taken it."""
+    texts = []
+    for ev in sse.events(whole):
+        try:
+            delta = json.loads(ev.data)["choices"][0].get("delta") or {}
+        except (ValueError, TypeError, KeyError, IndexError):
+            continue
+        if delta.get("content"):
+            texts.append(delta["content"])
+    return "".join(texts)
+
+
+class _ChatTurn(Turn):
+    """A streamed chat turn whose `texts` may hold the bytes of plain chunks (see
+    _plain), parsed the first time its content is read (most answers never are)."""
+
+    @property
+    def content(self) -> str:
+        if any(type(t) is bytes for t in self.texts):
+            self.texts = [t if type(t) is str else _text_of(t) for t in self.texts]
+        return "".join(self.texts)
 
 
 def _search_round(s: SearchSession, rnd: _Round):
