@@ -137,26 +137,34 @@ def batches(chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield rest
 
 
+def json_batches(chunks: Iterable[bytes]) -> Iterator[list[tuple[str | None, object]]]:
+    """A stream's JSON-object events as (`event:` name or None, object), one list per
+    read, up to `[DONE]`; a comment comes as (":", its raw bytes). Data that is not a
+    JSON object is skipped."""
+    for whole in batches(chunks):
+        out: list[tuple[str | None, object]] = []
+        for ev in events(whole):
+            if ev.data is None:
+                out.append((":", ev.raw))
+                continue
+            if ev.is_done:
+                if out:
+                    yield out
+                return
+            try:
+                obj = json.loads(ev.data)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                out.append((ev.name, obj))
+        if out:
+            yield out
+
+
 def json_events(chunks: Iterable[bytes]) -> Iterator[tuple[str | None, object]]:
-    """A stream's JSON-object events as (`event:` name or None, object), up to
-    `[DONE]`; a comment comes as (":", its raw bytes). Data that is not a JSON
-    object is skipped."""
-    for ev in iter_events(chunks):
-        if ev.data is None:
-            yield ":", ev.raw
-            continue
-        if ev.is_done:
-            return
-        try:
-            obj = json.loads(ev.data)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            name = None
-            for line in ev.raw.split(b"\n"):
-                if line.startswith(b"event:"):
-                    name = line[6:].strip().decode()
-            yield name, obj
+    """json_batches(chunks), one event at a time."""
+    for batch in json_batches(chunks):
+        yield from batch
 
 
 # Anthropic's error types by HTTP status (its SSE and JSON error shape).
