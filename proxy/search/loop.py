@@ -406,7 +406,9 @@ def _search_round(s: SearchSession, rnd: _Round):
 
 
 def _final(s: SearchSession, rnd: _Round, head: dict):
-    """The end of the client's stream: sources, the finish chunk, usage, [DONE]."""
+    """The end of the client's stream, in one write: sources, the finish chunk, usage,
+    [DONE]."""
+    out = []
     fin = rnd.finish_obj or {"object": "chat.completion.chunk",
                              "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
     fin.update(head)
@@ -418,17 +420,19 @@ def _final(s: SearchSession, rnd: _Round, head: dict):
     else:
         if fch.get("finish_reason") == "tool_calls":
             fch["finish_reason"] = "stop"
-        block = s.searcher.sources.block(rnd.turn.content) \
-            if s.settings.SEARCH_SOURCES else ""
+        sources = s.searcher.sources
+        block = sources.block(rnd.turn.content) \
+            if s.settings.SEARCH_SOURCES and sources.items else ""
         if block:
-            yield sse.emit({**head, "object": "chat.completion.chunk",
-                            "choices": [{"index": 0, "delta": {"content": block},
-                                         "finish_reason": None}]})
-    yield sse.emit(fin)
+            out.append(sse.emit({**head, "object": "chat.completion.chunk",
+                                 "choices": [{"index": 0, "delta": {"content": block},
+                                              "finish_reason": None}]}))
+    out.append(sse.emit(fin))
     if s.usage:
-        yield sse.emit({**head, "object": "chat.completion.chunk", "choices": [],
-                        "usage": s.usage})
-    yield sse.DONE
+        out.append(sse.emit({**head, "object": "chat.completion.chunk", "choices": [],
+                             "usage": s.usage}))
+    out.append(sse.DONE)
+    yield b"".join(out)
 
 
 def run_stream(s: SearchSession, first: requests.Response) -> Iterator[bytes]:
@@ -445,26 +449,22 @@ def run_stream(s: SearchSession, first: requests.Response) -> Iterator[bytes]:
                 resp.close()
                 resp = s.call_model(stream=True)
                 if resp.status_code != 200:
-                    yield sse.emit(_error_of(resp))
-                    yield sse.DONE
+                    yield sse.emit(_error_of(resp)) + sse.DONE
                     return
                 continue
             if step is Step.TRUNCATED:
                 yield sse.emit(error_body("the upstream stream ended without a finish", 502,
-                                          code="upstream_stream_truncated"))
-                yield sse.DONE
+                                          code="upstream_stream_truncated")) + sse.DONE
             elif step is Step.EXHAUSTED:
-                yield sse.emit(s.exhausted_error())
-                yield sse.DONE
+                yield sse.emit(s.exhausted_error()) + sse.DONE
             else:
                 yield from _final(s, rnd, head)
             return
     except ApiError as e:
-        yield sse.emit(error_body(e.message, e.status, e.type, e.code))
-        yield sse.DONE
+        yield sse.emit(error_body(e.message, e.status, e.type, e.code)) + sse.DONE
     except requests.RequestException as e:
-        yield sse.emit(error_body(f"upstream stream failed: {e}", 502, code="upstream_error"))
-        yield sse.DONE
+        yield sse.emit(error_body(f"upstream stream failed: {e}", 502,
+                                  code="upstream_error")) + sse.DONE
     finally:
         resp.close()
         s.done()
