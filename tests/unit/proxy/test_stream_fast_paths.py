@@ -62,6 +62,12 @@ TRUNCATED = [ROLE, *text("cut", " off")]                       # no finish, no [
 EMPTY_TRUNCATED = [ROLE, LOADING]
 BLANKS = [ROLE, b"\n\n", *text("x"), b"\n", *text("y"), b"\n\n\n", FINISH, sse.DONE]
 CRLF = [e.replace(b"\n", b"\r\n") for e in ANSWER]
+# vLLM's continuous_usage_stats: usage on every chunk; a line that is not JSON
+U = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+USAGE_EVERYWHERE = [chunk({"role": "assistant", "content": ""}, usage=U),
+                    *(chunk({"content": t}, usage=U) for t in "abc"),
+                    chunk(finish="stop", usage=U), sse.DONE]
+NOT_JSON = [ROLE, *text("a"), text("b")[0].replace(b"}\n\n", b"} x\n\n"), FINISH, sse.DONE]
 
 SCRIPTS = {
     "answer": [ANSWER],
@@ -75,6 +81,8 @@ SCRIPTS = {
     "search, then empty and truncated": [SEARCH, EMPTY_TRUNCATED],
     "blank lines": [BLANKS],
     "crlf": [CRLF],
+    "usage on every chunk": [USAGE_EVERYWHERE],
+    "not json": [NOT_JSON],
 }
 
 
