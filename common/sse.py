@@ -60,14 +60,19 @@ class Parser:
         if i < 0:
             self._buf = buf
             return b""
-        # blank lines pair off from the left: in a run of newlines, an odd one out
-        # (the run's last) begins the next event
-        run = i
-        while run and buf[run - 1] == 10:
-            run -= 1
-        end = run + (i + 2 - run) // 2 * 2
+        end = i + 2
+        if i and buf[i - 1] == 10:
+            # blank lines pair off from the left: in a run of newlines, an odd one
+            # out (the run's last) begins the next event
+            run = i - 1
+            while run and buf[run - 1] == 10:
+                run -= 1
+            end = run + (end - run) // 2 * 2
+        if end == len(buf):
+            self._buf = b""
+            return buf
         self._buf = buf[end:]
-        return buf if end == len(buf) else buf[:end]
+        return buf[:end]
 
     def feed(self, chunk: bytes) -> list[Event]:
         return events(self.take(chunk))

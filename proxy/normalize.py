@@ -217,11 +217,18 @@ def normalize_sse(chunks: Iterable[bytes]) -> Iterator[bytes]:
     completes, in one piece); bytes are not held beyond the end of the event they
     belong to.
     """
-    for whole in sse.batches(chunks):
+    parser = sse.Parser()
+    for chunk in chunks:
+        whole = parser.take(chunk)
+        if not whole:
+            continue
         if b'"reasoning' not in whole:
             yield whole          # fast path: nothing to rewrite
         else:
             yield b"".join(map(_normalize_event, sse.split(whole)))
+    rest = parser.rest()
+    if rest:
+        yield _normalize_event(rest)
 
 
 def _normalize_event(raw: bytes) -> bytes:

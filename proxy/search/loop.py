@@ -347,24 +347,20 @@ def _relay_events(s: SearchSession, whole: bytes, rnd: _Round, head: dict,
     return None
 
 
-# What the first round may have to change in a chunk or learn from it, besides its text.
-_MARKERS = (b'"tool_calls"', b'"reasoning', b'"usage"', b'"error"')
-
-
 def _plain(whole: bytes) -> bool:
     """Whether whole events (one or more) are all chunks that the first round passes
     on as the backend sent them and learns only their text from: each a single
-    `data:` line holding a JSON object with a choice, no tool calls, reasoning, usage
-    or error, and a null (or no) finish_reason. Checked on the bytes, at C speed; a
-    false "no" only costs the parse."""
+    `data:` line holding a JSON object with a choice; no tool calls, reasoning, usage
+    or error (what the round may change or act on); a null (or no) finish_reason.
+    Checked on the bytes, at C speed; a false "no" only costs the parse."""
     n = whole.count(b"\n\n")
-    return (whole.startswith(b'data: {"')
-            and whole.count(b'\n\ndata: {"') == n - 1
+    return (whole.startswith(b'data: {"') and whole.endswith(b"}\n\n")
             and whole.count(b"\n") == 2 * n
-            and whole.count(b"}\n\n") == n
+            and whole.count(b'}\n\ndata: {"') == n - 1
             and whole.count(b'"choices":[{') == n
             and whole.count(b'"finish_reason"') == whole.count(b'"finish_reason":null')
-            and not any(m in whole for m in _MARKERS))
+            and b'"tool_calls"' not in whole and b'"reasoning' not in whole
+            and b'"usage"' not in whole and b'"error"' not in whole)
 
 
 def _text_of(whole: bytes) -> str:
