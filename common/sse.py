@@ -17,6 +17,7 @@ KEEPALIVE = b": keep-alive\n\n"
 class Event:
     raw: bytes          # the event's bytes including the terminating blank line
     data: str | None    # joined `data:` payload, None for comment-only events
+    name: str | None = None     # the `event:` field
 
     @property
     def is_done(self) -> bool:
@@ -34,41 +35,81 @@ def comment(text: str = "keep-alive") -> bytes:
 
 
 class Parser:
-    """Incremental SSE parser: feed() bytes, get complete events back.
+    """Incremental SSE parser: feed() bytes, get complete events back (or take()
+    the bytes of the events a read completed, to look at them whole).
 
-    Handles \\n, \\r\\n and \\r line endings and events split across reads.
+    Handles \\n, \\r\\n and \\r line endings (events come out with \\n) and events
+    split across reads.
     """
 
     def __init__(self) -> None:
         self._buf = b""
 
+    def take(self, chunk: bytes) -> bytes:
+        """The bytes of every event that `chunk` completes, up to the last blank line
+        (b"" if none); an incomplete event stays here for the next read."""
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:
+            # a \r at the end may be the first half of a \r\n: decide next time
+            cr = buf.endswith(b"\r")
+            buf = buf[:-1] if cr else buf
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            if cr:
+                buf += b"\r"
+        i = buf.rfind(b"\n\n")
+        if i < 0:
+            self._buf = buf
+            return b""
+        end = i + 2
+        if i and buf[i - 1] == 10:
+            # blank lines pair off from the left: in a run of newlines, an odd one
+            # out (the run's last) begins the next event
+            run = i - 1
+            while run and buf[run - 1] == 10:
+                run -= 1
+            end = run + (end - run) // 2 * 2
+        if end == len(buf):
+            self._buf = b""
+            return buf
+        self._buf = buf[end:]
+        return buf[:end]
+
     def feed(self, chunk: bytes) -> list[Event]:
-        self._buf += chunk
-        if b"\r" in self._buf:
-            self._buf = self._buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        events = []
-        while True:
-            end = self._buf.find(b"\n\n")
-            if end < 0:
-                break
-            raw = self._buf[:end + 2]
-            self._buf = self._buf[end + 2:]
-            ev = _parse_event(raw)
-            if ev is not None:
-                events.append(ev)
-        return events
+        return events(self.take(chunk))
+
+    def rest(self) -> bytes:
+        """What is left when the stream ends: an unterminated last event, terminated
+        (b"" if nothing is left)."""
+        rest, self._buf = self._buf, b""
+        if rest.endswith(b"\r"):
+            rest = rest[:-1] + b"\n"
+        return rest.rstrip(b"\n") + b"\n\n" if rest.strip() else b""
 
     def flush(self) -> list[Event]:
         """Whatever is left when the stream ends (an unterminated last event)."""
-        rest, self._buf = self._buf, b""
-        if rest.strip():
-            ev = _parse_event(rest.rstrip(b"\n") + b"\n\n")
-            return [ev] if ev is not None else []
+        return events(self.rest())
+
+
+def split(whole: bytes) -> list[bytes]:
+    """Whole events' bytes (as Parser.take gives them) cut into events, blank ones too."""
+    parts = whole.split(b"\n\n")
+    parts.pop()
+    return [p + b"\n\n" for p in parts]
+
+
+def events(whole: bytes) -> list[Event]:
+    """Whole events' bytes (as Parser.take gives them) parsed; blank ones left out."""
+    if not whole:
         return []
+    return [ev for ev in map(parse_event, split(whole)) if ev is not None]
 
 
-def _parse_event(raw: bytes) -> Event | None:
+def parse_event(raw: bytes) -> Event | None:
+    """One event's bytes (up to its blank line) as an Event; None for a blank one."""
+    if not raw.strip(b"\n"):
+        return None
     data_lines = []
+    name = None
     for line in raw.split(b"\n"):
         if not line or line.startswith(b":"):
             continue
@@ -77,39 +118,58 @@ def _parse_event(raw: bytes) -> Event | None:
             value = value[1:]
         if field == b"data":
             data_lines.append(value)
-    if not raw.strip(b"\n"):
-        return None
+        elif field == b"event":
+            name = value.strip().decode("utf-8", "replace")
     data = b"\n".join(data_lines).decode("utf-8", "replace") if data_lines else None
-    return Event(raw=raw, data=data)
+    return Event(raw=raw, data=data, name=name)
 
 
 def iter_events(chunks: Iterable[bytes]) -> Iterator[Event]:
+    for whole in batches(chunks):
+        yield from events(whole)
+
+
+def batches(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """A stream's whole events, one piece per read that completed any: the bytes of
+    every event that read completed (CR-normalised), then an unterminated last event."""
     parser = Parser()
     for chunk in chunks:
-        yield from parser.feed(chunk)
-    yield from parser.flush()
+        whole = parser.take(chunk)
+        if whole:
+            yield whole
+    rest = parser.rest()
+    if rest:
+        yield rest
+
+
+def json_batches(chunks: Iterable[bytes]) -> Iterator[list[tuple[str | None, object]]]:
+    """A stream's JSON-object events as (`event:` name or None, object), one list per
+    read, up to `[DONE]`; a comment comes as (":", its raw bytes). Data that is not a
+    JSON object is skipped."""
+    for whole in batches(chunks):
+        out: list[tuple[str | None, object]] = []
+        for ev in events(whole):
+            if ev.data is None:
+                out.append((":", ev.raw))
+                continue
+            if ev.is_done:
+                if out:
+                    yield out
+                return
+            try:
+                obj = json.loads(ev.data)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                out.append((ev.name, obj))
+        if out:
+            yield out
 
 
 def json_events(chunks: Iterable[bytes]) -> Iterator[tuple[str | None, object]]:
-    """A stream's JSON-object events as (`event:` name or None, object), up to
-    `[DONE]`; a comment comes as (":", its raw bytes). Data that is not a JSON
-    object is skipped."""
-    for ev in iter_events(chunks):
-        if ev.data is None:
-            yield ":", ev.raw
-            continue
-        if ev.is_done:
-            return
-        try:
-            obj = json.loads(ev.data)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            name = None
-            for line in ev.raw.split(b"\n"):
-                if line.startswith(b"event:"):
-                    name = line[6:].strip().decode()
-            yield name, obj
+    """json_batches(chunks), one event at a time."""
+    for batch in json_batches(chunks):
+        yield from batch
 
 
 # Anthropic's error types by HTTP status (its SSE and JSON error shape).

@@ -213,31 +213,34 @@ def normalize_completion_bytes(raw: bytes) -> bytes:
 def normalize_sse(chunks: Iterable[bytes]) -> Iterator[bytes]:
     """Pass an SSE stream through, rewriting only events that carry a reasoning field.
 
-    Complete events are forwarded as soon as they are complete; bytes are not held
-    beyond the end of the event they belong to.
+    Complete events are forwarded as soon as they are complete (the events a read
+    completes, in one piece); bytes are not held beyond the end of the event they
+    belong to.
     """
     parser = sse.Parser()
     for chunk in chunks:
-        if b'"reasoning' not in chunk and not parser._buf and chunk.endswith(b"\n\n"):
-            yield chunk          # fast path: whole events, nothing to rewrite
+        whole = parser.take(chunk)
+        if not whole:
             continue
-        out = []
-        for ev in parser.feed(chunk):
-            out.append(_normalize_event(ev))
-        if out:
-            yield b"".join(out)
-    rest = parser.flush()
+        if b'"reasoning' not in whole:
+            yield whole          # fast path: nothing to rewrite
+        else:
+            yield b"".join(map(_normalize_event, sse.split(whole)))
+    rest = parser.rest()
     if rest:
-        yield b"".join(_normalize_event(ev) for ev in rest)
+        yield _normalize_event(rest)
 
 
-def _normalize_event(ev: sse.Event) -> bytes:
-    if ev.data is None or b'"reasoning' not in ev.raw or ev.is_done:
-        return ev.raw
+def _normalize_event(raw: bytes) -> bytes:
+    if b'"reasoning' not in raw:
+        return raw
+    ev = sse.parse_event(raw)
+    if ev is None or ev.data is None or ev.is_done:
+        return raw
     try:
         obj = json.loads(ev.data)
     except ValueError:
-        return ev.raw
+        return raw
     if isinstance(obj, dict) and normalize_completion(obj):
         return sse.emit(obj)
-    return ev.raw
+    return raw

@@ -303,6 +303,15 @@ def _error_event(message: str, status: int) -> bytes:
     return event("error", error_obj(message, status))
 
 
+def _grow(block: dict, key: str, piece: str | None) -> None:
+    """A streamed block's field grows by pieces, joined once (see _joined)."""
+    block.setdefault("_" + key, []).append(piece or "")
+
+
+def _joined(block: dict, key: str) -> str:
+    return (block.get(key) or "") + "".join(block.get("_" + key, ()))
+
+
 def run_stream(s: MessagesSession, first: requests.Response) -> Iterator[bytes]:
     resp = first
     started = False
@@ -315,86 +324,107 @@ def run_stream(s: MessagesSession, first: requests.Response) -> Iterator[bytes]:
             where: dict[int, int | None] = {}  # backend index -> client index (None: held)
             stop = {}
             round_in = 0
-            for name, obj in s.events(resp):
-                if name == ":":          # a comment: keeps the client's wait alive
-                    yield obj
-                    continue
-                t = obj.get("type") or name
-                if t == "error":
-                    err = obj.get("error") or {}
-                    yield event("error", obj if obj.get("type") == "error" else
-                                error_obj(str(err.get("message") or err), 502))
-                    return
-                if t == "message_start":
-                    m = obj.get("message") or {}
-                    u = m.get("usage") or {}
-                    round_in = u.get("input_tokens") or 0
-                    if not started:
-                        started = True
-                        m = {**m, "content": [],
-                             "usage": {**u, "server_tool_use": {"web_search_requests": 0}}}
-                        yield event("message_start", {"type": "message_start", "message": m})
-                    continue
-                if t == "content_block_start":
-                    bi = obj.get("index", 0)
-                    b = copy.deepcopy(obj.get("content_block") or {})
-                    if b.get("type") == "tool_use":
-                        b["_args"] = json.dumps(b["input"]) if b.get("input") else ""
-                    blocks[bi] = b
-                    if b.get("type") == "tool_use" and b.get("name") == TOOL_NAME:
-                        where[bi] = None
+            ended = False
+            for batch in s.batches(resp):
+                sent = []                     # what this read makes: one write
+                for name, obj in batch:
+                    if name == ":":          # a comment: keeps the client's wait alive
+                        sent.append(obj)
                         continue
-                    where[bi] = nxt
-                    nxt += 1
-                    yield event(t, {**obj, "index": where[bi]})
-                    continue
-                if t == "content_block_delta":
-                    bi = obj.get("index", 0)
-                    b = blocks.setdefault(bi, {"type": "text", "text": ""})
-                    d = obj.get("delta") or {}
-                    if d.get("type") == "text_delta":
-                        b["text"] = (b.get("text") or "") + (d.get("text") or "")
-                    elif d.get("type") == "thinking_delta":
-                        b["thinking"] = (b.get("thinking") or "") + (d.get("thinking") or "")
-                    elif d.get("type") == "input_json_delta":
-                        b["_args"] = b.get("_args", "") + (d.get("partial_json") or "")
-                    if where.get(bi) is None:
+                    t = obj.get("type") or name
+                    if t == "error":
+                        err = obj.get("error") or {}
+                        sent.append(event("error", obj if obj.get("type") == "error" else
+                                          error_obj(str(err.get("message") or err), 502)))
+                        yield b"".join(sent)
+                        return
+                    if t == "message_start":
+                        m = obj.get("message") or {}
+                        u = m.get("usage") or {}
+                        round_in = u.get("input_tokens") or 0
+                        if not started:
+                            started = True
+                            m = {**m, "content": [],
+                                 "usage": {**u, "server_tool_use": {"web_search_requests": 0}}}
+                            sent.append(event("message_start", {"type": "message_start",
+                                                                "message": m}))
                         continue
-                    yield event(t, {**obj, "index": where[bi]})
-                    continue
-                if t == "content_block_stop":
-                    bi = obj.get("index", 0)
-                    ci = where.get(bi)
-                    if ci is None:
+                    if t == "content_block_start":
+                        bi = obj.get("index", 0)
+                        b = copy.deepcopy(obj.get("content_block") or {})
+                        if b.get("type") == "tool_use":
+                            b["_args"] = [json.dumps(b["input"])] if b.get("input") else []
+                        blocks[bi] = b
+                        if b.get("type") == "tool_use" and b.get("name") == TOOL_NAME:
+                            where[bi] = None
+                            continue
+                        where[bi] = nxt
+                        nxt += 1
+                        obj["index"] = where[bi]
+                        sent.append(event(t, obj))
                         continue
-                    b = blocks.get(bi) or {}
-                    if b.get("type") == "text" and s.searcher.searches:
-                        for c in citations_for(b.get("text") or "", s.searcher):
-                            yield event("content_block_delta", {
-                                "type": "content_block_delta", "index": ci,
-                                "delta": {"type": "citations_delta", "citation": c}})
-                    yield event(t, {**obj, "index": ci})
-                    continue
-                if t == "message_delta":
-                    stop = obj.get("delta") or {}
-                    u = obj.get("usage") or {}
-                    out += u.get("output_tokens") or 0
-                    # input tokens come in message_start, or (translated) only here
-                    round_in = max(round_in, u.get("input_tokens") or 0)
-                    continue
-                if t == "message_stop":
+                    if t == "content_block_delta":
+                        bi = obj.get("index", 0)
+                        b = blocks.get(bi)
+                        if b is None:
+                            b = blocks[bi] = {"type": "text", "text": ""}
+                        d = obj.get("delta") or {}
+                        kind = d.get("type")
+                        if kind == "text_delta":
+                            _grow(b, "text", d.get("text"))
+                        elif kind == "thinking_delta":
+                            _grow(b, "thinking", d.get("thinking"))
+                        elif kind == "input_json_delta":
+                            b.setdefault("_args", []).append(d.get("partial_json") or "")
+                        ci = where.get(bi)
+                        if ci is None:
+                            continue
+                        obj["index"] = ci
+                        sent.append(event(t, obj))
+                        continue
+                    if t == "content_block_stop":
+                        bi = obj.get("index", 0)
+                        ci = where.get(bi)
+                        if ci is None:
+                            continue
+                        b = blocks.get(bi) or {}
+                        if b.get("type") == "text" and s.searcher.searches:
+                            for c in citations_for(_joined(b, "text"), s.searcher):
+                                sent.append(event("content_block_delta", {
+                                    "type": "content_block_delta", "index": ci,
+                                    "delta": {"type": "citations_delta", "citation": c}}))
+                        obj["index"] = ci
+                        sent.append(event(t, obj))
+                        continue
+                    if t == "message_delta":
+                        stop = obj.get("delta") or {}
+                        u = obj.get("usage") or {}
+                        out += u.get("output_tokens") or 0
+                        # input tokens come in message_start, or (translated) only here
+                        round_in = max(round_in, u.get("input_tokens") or 0)
+                        continue
+                    if t == "message_stop":
+                        ended = True
+                        break
+                    if t == "ping":
+                        sent.append(event("ping", {"type": "ping"}))
+                if sent:
+                    yield b"".join(sent)
+                if ended:
                     break
-                if t == "ping":
-                    yield event("ping", {"type": "ping"})
             if not stop:
                 yield _error_event("the upstream stream ended before message_delta", 502)
                 return
             inp += round_in
             ordered = [blocks[i] for i in sorted(blocks)]
             for b in ordered:
+                for key in ("text", "thinking"):
+                    if "_" + key in b:
+                        b[key] = _joined(b, key)
+                        del b["_" + key]
                 if b.get("type") == "tool_use":
                     try:
-                        b["input"] = json.loads(b.pop("_args") or "{}")
+                        b["input"] = json.loads("".join(b.pop("_args")) or "{}")
                     except ValueError:
                         b["input"] = {}
             turn = turn_of(ordered, stop.get("stop_reason"))

@@ -9,7 +9,7 @@ from typing import Iterator
 import requests
 
 from common import sse
-from common.streaming import forward_headers
+from common.streaming import forward_headers, iter_body
 
 from .. import normalize
 from ..search.engine import Searcher, TOOL_NAME
@@ -79,8 +79,9 @@ class DialectSession:
         return translate.send(self.upstream, self.path, body, data, headers=self.headers,
                               stream=stream, chat_only=self.chat_only)
 
-    def events(self, resp: requests.Response) -> Iterator[tuple[str | None, dict]]:
-        """The backend's SSE events as (event name, JSON object); ends at [DONE].
-        A comment (the swapper's progress while a model loads) comes as
-        (":", its raw bytes), for the dialect to pass on to its client."""
-        return sse.json_events(resp.iter_content(chunk_size=None))
+    def batches(self, resp: requests.Response) -> Iterator[list[tuple[str | None, dict]]]:
+        """The backend's SSE events as (event name, JSON object), one list per read
+        (the client gets what they make in one write); ends at [DONE]. A comment
+        (the swapper's progress while a model loads) comes as (":", its raw bytes),
+        for the dialect to pass on to its client."""
+        return sse.json_batches(iter_body(resp))

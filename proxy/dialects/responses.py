@@ -255,7 +255,8 @@ class _Out:
         self.seq = 0
 
     def __call__(self, obj: dict) -> bytes:
-        obj = {**obj, "sequence_number": self.seq}
+        """obj (numbered in place) as the next event."""
+        obj["sequence_number"] = self.seq
         self.seq += 1
         return event(obj["type"], obj)
 
@@ -281,56 +282,67 @@ def run_stream(s: ResponsesSession, first: requests.Response) -> Iterator[bytes]
             items: dict = {}              # backend item key -> the finished item
             order: list = []              # backend item keys as they were added
             done_resp = None
-            for name, obj in s.events(resp):
-                if name == ":":          # a comment: keeps the client's wait alive
-                    yield obj
-                    continue
-                t = obj.get("type") or name or ""
-                if t in ("response.created", "response.in_progress"):
-                    if s.searcher.rounds == 0:          # later rounds: one response
-                        if head is None:
-                            head = {k: v for k, v in (obj.get("response") or {}).items()
-                                    if k not in ("output", "usage")}
-                        yield emit({**obj, "response": {**head, "output": []}})
-                    continue
-                if t in ("response.completed", "response.incomplete"):
-                    done_resp = obj.get("response") or {}
-                    break
-                if t in ("response.failed", "error"):
-                    err = obj.get("error") or (obj.get("response") or {}).get("error") or obj
-                    yield from failed(str(err.get("message") or err)
-                                      if isinstance(err, dict) else str(err), "upstream_error")
-                    return
-                # the item's key: its output_index, or (llama-server sends none) its id
-                bi = obj.get("output_index")
-                if bi is None:
-                    item = obj.get("item") if isinstance(obj.get("item"), dict) else {}
-                    bi = item.get("id") or obj.get("item_id")
+            for batch in s.batches(resp):
+                sent = []                     # what this read makes: one write
+                for name, obj in batch:
+                    if name == ":":          # a comment: keeps the client's wait alive
+                        sent.append(obj)
+                        continue
+                    t = obj.get("type") or name or ""
+                    if t in ("response.created", "response.in_progress"):
+                        if s.searcher.rounds == 0:          # later rounds: one response
+                            if head is None:
+                                head = {k: v for k, v in (obj.get("response") or {}).items()
+                                        if k not in ("output", "usage")}
+                            obj["response"] = {**head, "output": []}
+                            sent.append(emit(obj))
+                        continue
+                    if t in ("response.completed", "response.incomplete"):
+                        done_resp = obj.get("response") or {}
+                        break
+                    if t in ("response.failed", "error"):
+                        err = obj.get("error") or (obj.get("response") or {}).get("error") \
+                            or obj
+                        sent += failed(str(err.get("message") or err)
+                                       if isinstance(err, dict) else str(err), "upstream_error")
+                        yield b"".join(sent)
+                        return
+                    # the item's key: its output_index, or (llama-server sends none) its id
+                    bi = obj.get("output_index")
                     if bi is None:
+                        item = obj.get("item") if isinstance(obj.get("item"), dict) else {}
+                        bi = item.get("id") or obj.get("item_id")
+                        if bi is None:
+                            continue
+                    if t == "response.output_item.added":
+                        order.append(bi)
+                        item = obj.get("item") or {}
+                        if _is_ours(item):
+                            where[bi] = None
+                            continue
+                        where[bi] = len(output) + sum(1 for v in where.values() if v is not None)
+                    ci = where.get(bi)
+                    if ci is None:
+                        if t == "response.output_item.done":
+                            items[bi] = obj.get("item") or {}
                         continue
-                if t == "response.output_item.added":
-                    order.append(bi)
-                    item = obj.get("item") or {}
-                    if _is_ours(item):
-                        where[bi] = None
-                        continue
-                    where[bi] = len(output) + sum(1 for v in where.values() if v is not None)
-                if where.get(bi) is None:
                     if t == "response.output_item.done":
-                        items[bi] = obj.get("item") or {}
-                    continue
-                if t == "response.output_item.done":
-                    item = obj.get("item") or {}
-                    items[bi] = item
-                    for ci, ai, a in annotate(item, s.searcher):
-                        yield emit({"type": "response.output_text.annotation.added",
-                                    "item_id": item.get("id"), "output_index": where[bi],
-                                    "content_index": ci, "annotation_index": ai,
-                                    "annotation": a})
-                obj = {k: v for k, v in obj.items() if k != "sequence_number"}
-                if t.startswith(("response.content_part.", "response.output_text.")):
-                    obj.setdefault("content_index", 0)
-                yield emit({**obj, "output_index": where[bi]})
+                        item = obj.get("item") or {}
+                        items[bi] = item
+                        for pi, ai, a in annotate(item, s.searcher):
+                            sent.append(emit({"type": "response.output_text.annotation.added",
+                                              "item_id": item.get("id"), "output_index": ci,
+                                              "content_index": pi, "annotation_index": ai,
+                                              "annotation": a}))
+                    obj.pop("sequence_number", None)
+                    if t.startswith(("response.content_part.", "response.output_text.")):
+                        obj.setdefault("content_index", 0)
+                    obj["output_index"] = ci
+                    sent.append(emit(obj))
+                if sent:
+                    yield b"".join(sent)
+                if done_resp is not None:
+                    break
             if done_resp is None:
                 yield from failed("the upstream stream ended before response.completed",
                                   "upstream_stream_truncated")

@@ -25,7 +25,7 @@ from flask import Response
 
 from common import sse
 from common.errors import ApiError, error_body
-from common.streaming import NO_BUFFERING, forward_headers
+from common.streaming import NO_BUFFERING, forward_headers, iter_body
 
 from .. import normalize
 from .engine import TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, Search, Searcher, Step, \
@@ -214,7 +214,7 @@ class _Round:
     (ours are held back, so theirs get consecutive indexes)."""
 
     def __init__(self, first_round: bool):
-        self.turn = Turn()
+        self.turn = _ChatTurn()
         self.first_round = first_round
         self.rkey: str | None = None
         self.finish_obj: dict | None = None
@@ -291,13 +291,39 @@ def stream_response(s: SearchSession, first: requests.Response) -> Response:
 
 
 def _relay_round(s: SearchSession, resp: requests.Response, rnd: _Round, head: dict):
-    """Relay one backend stream to the client; returns False if it ended the stream."""
-    for ev in sse.iter_events(resp.iter_content(chunk_size=None)):
+    """Relay one backend stream to the client, the events of each read in one write;
+    returns False if it ended the stream."""
+    for whole in sse.batches(iter_body(resp)):
+        if rnd.first_round and head and _plain(whole):
+            rnd.turn.texts.append(whole)       # parsed only if the text is needed
+            yield whole
+            continue
+        out: list[bytes] = []
+        more = _relay_events(s, whole, rnd, head, out)
+        if out:
+            yield b"".join(out)
+        if more is not None:
+            return more
+    return True
+
+
+def _relay_events(s: SearchSession, whole: bytes, rnd: _Round, head: dict,
+                  out: list) -> bool | None:
+    """The client's bytes for the events of one read, into `out`; True at [DONE],
+    False when an error ended the stream, None to read on."""
+    for raw in sse.split(whole):
+        if rnd.first_round and head and _plain(raw):
+            rnd.turn.texts.append(raw)
+            out.append(raw)
+            continue
+        ev = sse.parse_event(raw)
+        if ev is None:
+            continue
         if ev.data is None:
-            yield ev.raw                 # a comment (the swapper's progress): pass it on
+            out.append(raw)              # a comment (the swapper's progress): pass it on
             continue
         if ev.is_done:
-            break
+            return True
         try:
             obj = json.loads(ev.data)
         except ValueError:
@@ -305,21 +331,60 @@ def _relay_round(s: SearchSession, resp: requests.Response, rnd: _Round, head: d
         if not isinstance(obj, dict):
             continue
         if "error" in obj:
-            yield sse.emit(obj)
-            yield sse.DONE
+            out += (sse.emit(obj), sse.DONE)
             return False
         if not head:
             head.update({k: obj[k] for k in ("id", "created", "model", "system_fingerprint")
                          if k in obj})
-        out, changed = rnd.feed(obj, s)
-        if out is None:
+        chunk, changed = rnd.feed(obj, s)
+        if chunk is None:
             continue
         if not changed:
-            yield ev.raw
+            out.append(raw)
         else:
-            out.update(head)
-            yield sse.emit(out)
-    return True
+            chunk.update(head)
+            out.append(sse.emit(chunk))
+    return None
+
+
+def _plain(whole: bytes) -> bool:
+    """Whether whole events (one or more) are all chunks that the first round passes
+    on as the backend sent them and learns only their text from: each a single
+    `data:` line holding a JSON object with a choice; no tool calls, reasoning, usage
+    or error (what the round may change or act on); a null (or no) finish_reason.
+    Checked on the bytes, at C speed; a false "no" only costs the parse."""
+    n = whole.count(b"\n\n")
+    return (whole.startswith(b'data: {"') and whole.endswith(b"}\n\n")
+            and whole.count(b"\n") == 2 * n
+            and whole.count(b'}\n\ndata: {"') == n - 1
+            and whole.count(b'"choices":[{') == n
+            and whole.count(b'"finish_reason"') == whole.count(b'"finish_reason":null')
+            and b'"tool_calls"' not in whole and b'"reasoning' not in whole
+            and b'"usage"' not in whole and b'"error"' not in whole)
+
+
+def _text_of(whole: bytes) -> str:
+    """The content of plain chunks (see _plain), as _Round.feed would have taken it."""
+    texts = []
+    for ev in sse.events(whole):
+        try:
+            delta = json.loads(ev.data)["choices"][0].get("delta") or {}
+        except (ValueError, TypeError, KeyError, IndexError):
+            continue
+        if delta.get("content"):
+            texts.append(delta["content"])
+    return "".join(texts)
+
+
+class _ChatTurn(Turn):
+    """A streamed chat turn whose `texts` may hold the bytes of plain chunks (see
+    _plain), parsed the first time its content is read (most answers never are)."""
+
+    @property
+    def content(self) -> str:
+        if any(type(t) is bytes for t in self.texts):
+            self.texts = [t if type(t) is str else _text_of(t) for t in self.texts]
+        return "".join(self.texts)
 
 
 def _search_round(s: SearchSession, rnd: _Round):
@@ -337,7 +402,9 @@ def _search_round(s: SearchSession, rnd: _Round):
 
 
 def _final(s: SearchSession, rnd: _Round, head: dict):
-    """The end of the client's stream: sources, the finish chunk, usage, [DONE]."""
+    """The end of the client's stream, in one write: sources, the finish chunk, usage,
+    [DONE]."""
+    out = []
     fin = rnd.finish_obj or {"object": "chat.completion.chunk",
                              "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
     fin.update(head)
@@ -349,17 +416,19 @@ def _final(s: SearchSession, rnd: _Round, head: dict):
     else:
         if fch.get("finish_reason") == "tool_calls":
             fch["finish_reason"] = "stop"
-        block = s.searcher.sources.block(rnd.turn.content) \
-            if s.settings.SEARCH_SOURCES else ""
+        sources = s.searcher.sources
+        block = sources.block(rnd.turn.content) \
+            if s.settings.SEARCH_SOURCES and sources.items else ""
         if block:
-            yield sse.emit({**head, "object": "chat.completion.chunk",
-                            "choices": [{"index": 0, "delta": {"content": block},
-                                         "finish_reason": None}]})
-    yield sse.emit(fin)
+            out.append(sse.emit({**head, "object": "chat.completion.chunk",
+                                 "choices": [{"index": 0, "delta": {"content": block},
+                                              "finish_reason": None}]}))
+    out.append(sse.emit(fin))
     if s.usage:
-        yield sse.emit({**head, "object": "chat.completion.chunk", "choices": [],
-                        "usage": s.usage})
-    yield sse.DONE
+        out.append(sse.emit({**head, "object": "chat.completion.chunk", "choices": [],
+                             "usage": s.usage}))
+    out.append(sse.DONE)
+    yield b"".join(out)
 
 
 def run_stream(s: SearchSession, first: requests.Response) -> Iterator[bytes]:
@@ -376,26 +445,22 @@ def run_stream(s: SearchSession, first: requests.Response) -> Iterator[bytes]:
                 resp.close()
                 resp = s.call_model(stream=True)
                 if resp.status_code != 200:
-                    yield sse.emit(_error_of(resp))
-                    yield sse.DONE
+                    yield sse.emit(_error_of(resp)) + sse.DONE
                     return
                 continue
             if step is Step.TRUNCATED:
                 yield sse.emit(error_body("the upstream stream ended without a finish", 502,
-                                          code="upstream_stream_truncated"))
-                yield sse.DONE
+                                          code="upstream_stream_truncated")) + sse.DONE
             elif step is Step.EXHAUSTED:
-                yield sse.emit(s.exhausted_error())
-                yield sse.DONE
+                yield sse.emit(s.exhausted_error()) + sse.DONE
             else:
                 yield from _final(s, rnd, head)
             return
     except ApiError as e:
-        yield sse.emit(error_body(e.message, e.status, e.type, e.code))
-        yield sse.DONE
+        yield sse.emit(error_body(e.message, e.status, e.type, e.code)) + sse.DONE
     except requests.RequestException as e:
-        yield sse.emit(error_body(f"upstream stream failed: {e}", 502, code="upstream_error"))
-        yield sse.DONE
+        yield sse.emit(error_body(f"upstream stream failed: {e}", 502,
+                                  code="upstream_error")) + sse.DONE
     finally:
         resp.close()
         s.done()

@@ -1,0 +1,324 @@
+"""The streaming fast paths give the bytes the slow paths give, however the reads
+cut the stream: sse.Parser.take/batches, normalize_sse (a read's whole events
+without "reasoning pass untouched, an incomplete tail waits), and the chat search
+loop (plain chunks of the first round pass unparsed, the events of a read leave
+in one write). The reference for the loop is the same code with the fast path
+off (`_plain` always False): every event parsed, as before it existed."""
+import concurrent.futures as cf
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common import sse
+from proxy import normalize
+from proxy.search import loop
+from proxy.search.searxng import SearchOutcome
+from proxy.settings import Settings
+
+
+def chunk(delta=None, finish=None, **extra):
+    obj = {"id": "c1", "object": "chat.completion.chunk", "created": 7, "model": "m",
+           "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}], **extra}
+    return sse.emit(obj)
+
+
+def call(i, name=None, args=None, id=None):
+    tc = {"index": i, "function": {}}
+    if id:
+        tc["id"], tc["type"] = id, "function"
+    if name:
+        tc["function"]["name"] = name
+    if args:
+        tc["function"]["arguments"] = args
+    return chunk({"tool_calls": [tc]})
+
+
+ROLE = chunk({"role": "assistant", "content": None})
+FINISH = chunk(finish="stop")
+USAGE = sse.emit({"id": "c1", "object": "chat.completion.chunk", "choices": [],
+                  "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+LOADING = b": loading model m (12 s)\n\n"
+
+
+def text(*pieces):
+    return [chunk({"content": p}) for p in pieces]
+
+
+# Rounds of backend streams (lists of events) with what makes each path differ.
+ANSWER = [LOADING, ROLE, *text("Hel", "lo", " wörld"), chunk({"content": ""}),
+          LOADING, *text("!"), FINISH, USAGE, sse.DONE]
+SEARCH = [ROLE, *text("Let me ", "look."),
+          call(0, "web_search", id="call_1"), call(0, args='{"query": '),
+          call(0, args='"flask"}'), chunk(finish="tool_calls"), sse.DONE]
+CLIENT_TOOL = [ROLE, *text("Running"), call(0, "Bash", id="call_9"),
+               call(0, args='{"cmd": "ls"}'), chunk(finish="tool_calls"), sse.DONE]
+REASONING = [ROLE, chunk({"reasoning_content": "hmm"}), *text("A", "B"), FINISH, sse.DONE]
+SPACED = [json.dumps(json.loads(e[6:])).encode().join([b"data: ", b"\n\n"])
+          for e in ANSWER[:-1] if e.startswith(b"data:")] + [sse.DONE]   # not compact
+ERROR = [ROLE, *text("par"), sse.emit({"error": {"message": "boom", "code": 500}})]
+TRUNCATED = [ROLE, *text("cut", " off")]                       # no finish, no [DONE]
+EMPTY_TRUNCATED = [ROLE, LOADING]
+BLANKS = [ROLE, b"\n\n", *text("x"), b"\n", *text("y"), b"\n\n\n", FINISH, sse.DONE]
+CRLF = [e.replace(b"\n", b"\r\n") for e in ANSWER]
+# vLLM's continuous_usage_stats: usage on every chunk; a line that is not JSON
+U = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+USAGE_EVERYWHERE = [chunk({"role": "assistant", "content": ""}, usage=U),
+                    *(chunk({"content": t}, usage=U) for t in "abc"),
+                    chunk(finish="stop", usage=U), sse.DONE]
+NOT_JSON = [ROLE, *text("a"), text("b")[0].replace(b"}\n\n", b"} x\n\n"), FINISH, sse.DONE]
+
+SCRIPTS = {
+    "answer": [ANSWER],
+    "search then answer": [SEARCH, ANSWER],
+    "search twice": [SEARCH, SEARCH, ANSWER],
+    "client tool": [CLIENT_TOOL],
+    "reasoning": [REASONING],
+    "spaced json": [SPACED],
+    "error": [ERROR],
+    "truncated": [TRUNCATED],
+    "search, then empty and truncated": [SEARCH, EMPTY_TRUNCATED],
+    "blank lines": [BLANKS],
+    "crlf": [CRLF],
+    "usage on every chunk": [USAGE_EVERYWHERE],
+    "not json": [NOT_JSON],
+}
+
+
+# ---------------------------------------------------------------- the reads
+
+def cut(data: bytes, offsets) -> list[bytes]:
+    """data in pieces, cut at the given offsets."""
+    edges = [0, *sorted(set(o for o in offsets if 0 < o < len(data))), len(data)]
+    return [data[a:b] for a, b in zip(edges, edges[1:])]
+
+
+def reads(data: bytes):
+    """Every way of cutting the stream once, every event on its own, and all at once."""
+    yield [data]
+    for i in range(1, len(data)):
+        yield cut(data, [i])
+
+
+offsets = st.lists(st.integers(min_value=1, max_value=4000), max_size=40)
+
+
+def reference_events(data: bytes) -> list[bytes]:
+    """Each event's bytes, by the parser this change replaced (left to right)."""
+    buf = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    out = []
+    while (end := buf.find(b"\n\n")) >= 0:
+        out.append(buf[:end + 2])
+        buf = buf[end + 2:]
+    return out, buf
+
+
+# ---------------------------------------------------------------- sse.Parser
+
+@pytest.mark.parametrize("name", ["answer", "blank lines", "crlf", "reasoning"])
+def test_batches_at_every_cut_are_the_stream_events(name):
+    data = b"".join(e for r in SCRIPTS[name] for e in r)
+    whole, rest = reference_events(data)
+    for pieces in reads(data):
+        got = list(sse.batches(pieces))
+        assert all(b.endswith(b"\n\n") for b in got)
+        joined = b"".join(got)
+        assert joined == b"".join(whole) + (rest.rstrip(b"\n") + b"\n\n" if rest.strip()
+                                             else b""), pieces
+        assert [e.raw for e in sse.iter_events(pieces)] == \
+            [e.raw for e in sse.events(joined)]
+
+
+def test_take_holds_only_the_incomplete_event():
+    p = sse.Parser()
+    assert p.take(b"data: a\n\ndata: b\n\nda") == b"data: a\n\ndata: b\n\n"
+    assert p.take(b"ta: c\r") == b""            # a CR may be half of a CRLF
+    assert p.take(b"\n\r\n: x\n\n") == b"data: c\n\n: x\n\n"
+    assert p.take(b"data: d") == b"" and p.rest() == b"data: d\n\n"
+    assert p.take(b"data: e\n\n\n") == b"data: e\n\n"      # the odd newline waits
+    assert p.take(b"data: f\n\n") == b"\ndata: f\n\n"
+    assert sse.parse_event(b"event: x\ndata: {}\n\n").name == "x"
+
+
+# ---------------------------------------------------------------- normalize_sse
+
+def normalized_reference(data: bytes) -> bytes:
+    whole, rest = reference_events(data)
+    if rest.strip():
+        whole.append(rest.rstrip(b"\n") + b"\n\n")
+    out = []
+    for raw in whole:
+        ev = sse.parse_event(raw)
+        if ev is not None and ev.data and b'"reasoning' in raw and not ev.is_done:
+            obj = json.loads(ev.data)
+            normalize.normalize_completion(obj)
+            raw = sse.emit(obj)
+        out.append(raw)
+    return b"".join(out)
+
+
+def check_normalize(pieces):
+    data = b"".join(pieces)
+    out: list[bytes] = []
+
+    def source():
+        seen = b""
+        for p in pieces:
+            # what the reads so far completed is out before the next read (but an
+            # event whose last CR may be half of a CRLF)
+            whole, _ = reference_events(seen[:-1] if seen.endswith(b"\r") else seen)
+            assert b"".join(out) == normalized_reference(b"".join(whole))
+            seen += p
+            yield p
+
+    for piece in normalize.normalize_sse(source()):
+        assert piece.endswith(b"\n\n")
+        out.append(piece)
+    assert b"".join(out) == normalized_reference(data)
+
+
+@pytest.mark.parametrize("name", ["reasoning", "answer", "blank lines", "crlf"])
+def test_normalize_sse_same_bytes_at_every_cut(name):
+    data = b"".join(e for r in SCRIPTS[name] for e in r)
+    for pieces in reads(data):
+        check_normalize(pieces)
+
+
+@settings(max_examples=60, deadline=None)
+@given(offsets)
+def test_normalize_sse_same_bytes_however_cut(cuts):
+    data = b"".join(REASONING + ANSWER[:-1] + BLANKS + REASONING)
+    check_normalize(cut(data, cuts))
+
+
+def test_normalize_sse_passes_batches_through_untouched():
+    batch = b"".join(ANSWER)
+    assert list(normalize.normalize_sse([batch[:50], batch[50:]])) == \
+        [batch[:batch.rfind(b"\n\n", 0, 50) + 2], batch[batch.rfind(b"\n\n", 0, 50) + 2:]]
+
+
+# ---------------------------------------------------------------- the chat search loop
+
+class Resp:
+    status_code = 200
+    headers = {"content-type": "text/event-stream"}
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def iter_content(self, chunk_size=None):
+        yield from self.pieces
+
+    def close(self):
+        pass
+
+
+class Upstream:
+    """Answers each round with the next script, cut into reads by `cutter`."""
+
+    def __init__(self, rounds, cutter):
+        self.rounds = list(rounds)
+        self.cutter = cutter
+        self.bodies = []
+
+    def request(self, method, path, headers=None, data=None, stream=False):
+        self.bodies.append(json.loads(data))
+        return Resp(self.cutter(b"".join(self.rounds.pop(0))))
+
+
+class Searx:
+    def __init__(self):
+        self.queries = []
+
+    def search(self, q):
+        self.queries.append(q)
+        return SearchOutcome(query=q, ok=True, results=[{"url": "https://a.org/x",
+                                                         "title": q, "content": "s"}])
+
+
+class Metrics:
+    def search(self, kind):
+        pass
+
+    def rounds(self, n):
+        pass
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with cf.ThreadPoolExecutor(2) as p:
+        yield p
+
+
+def run(rounds, cutter, pool, fast=True, monkeypatch=None):
+    """The client's bytes, the bodies sent to the backend and the queries searched."""
+    if not fast:
+        monkeypatch.setattr(loop, "_plain", lambda whole: False)
+    up, searx = Upstream(rounds, cutter), Searx()
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "q"}]}
+    loop.inject_tool(body)
+    s = loop.SearchSession(body, settings=Settings.from_env({}), upstream=up, searx=searx,
+                           metrics=Metrics(), executor=pool, headers={})
+    pieces = list(loop.run_stream(s, s.call_model(stream=True)))
+    if not fast:
+        monkeypatch.undo()
+    return pieces, up.bodies, searx.queries
+
+
+def whole(data):
+    return [data]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_loop_fast_path_gives_the_slow_path_bytes(name, pool, monkeypatch):
+    rounds = SCRIPTS[name]
+    slow, slow_bodies, slow_queries = run(rounds, whole, pool, False, monkeypatch)
+    assert slow[-1].endswith(sse.DONE) or b"error" in slow[-1]
+    one_per_event = lambda data: [e for e in reference_events(data)[0]] or [data]  # noqa: E731
+    for cutter in (whole, one_per_event, lambda d: cut(d, range(0, len(d), 7))):
+        pieces, bodies, queries = run(rounds, cutter, pool)
+        assert b"".join(pieces) == b"".join(slow)
+        assert (bodies, queries) == (slow_bodies, slow_queries)
+
+
+@pytest.mark.parametrize("name", ["search then answer", "client tool", "crlf", "error"])
+def test_loop_same_bytes_at_every_cut(name, pool, monkeypatch):
+    rounds = SCRIPTS[name]
+    expect = run(rounds, whole, pool, False, monkeypatch)
+    first = b"".join(rounds[0])
+    for i in range(1, len(first)):
+        pieces, bodies, queries = run(
+            rounds, lambda d, i=i: cut(d, [i]) if d == first else [d], pool)
+        assert (b"".join(pieces), bodies, queries) == \
+            (b"".join(expect[0]), expect[1], expect[2]), i
+
+
+@settings(max_examples=40, deadline=None)
+@given(offsets, st.sampled_from(sorted(SCRIPTS)))
+def test_loop_same_bytes_however_cut(cuts, name):
+    with cf.ThreadPoolExecutor(1) as p, pytest.MonkeyPatch.context() as mp:
+        expect = run(SCRIPTS[name], whole, p, False, mp)
+        got = run(SCRIPTS[name], lambda d: cut(d, cuts), p)
+    assert (b"".join(got[0]), got[1], got[2]) == (b"".join(expect[0]), expect[1], expect[2])
+
+
+def test_loop_writes_once_per_read_and_parses_no_plain_chunk(pool, monkeypatch):
+    def no_parse(whole):
+        raise AssertionError("a plain answer's text was parsed")
+    monkeypatch.setattr(loop, "_text_of", no_parse)
+    pieces, _, _ = run([ANSWER], whole, pool)
+    # one read: the comments, the plain chunks unchanged, the usage in one write; the
+    # finish (held back), usage and [DONE] in another
+    assert len(pieces) == 2 and pieces[1].endswith(sse.DONE)
+    assert pieces[0].startswith(LOADING + ROLE + b"".join(text("Hel", "lo")))
+    pieces, _, _ = run([ANSWER], lambda d: reference_events(d)[0], pool)
+    assert pieces[:4] == [LOADING, ROLE, *text("Hel", "lo")]
+
+
+def test_plain_is_strict():
+    assert loop._plain(b"".join(text("a", "b")))
+    for e in (ROLE + FINISH, FINISH, USAGE, LOADING, sse.DONE, call(0, "x"), SPACED[1],
+              chunk({"reasoning": "r"}), text("a")[0].replace(b"\n\n", b"\n: c\n\n"),
+              sse.emit({"choices": []}), text("a")[0] + b"\n", b"\n" + text("a")[0]):
+        assert not loop._plain(e), e
