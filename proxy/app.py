@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import hmac
-import json
 import logging
 import time
 
@@ -12,11 +11,12 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from common.errors import error_response, install_error_handlers
 from common.failures import reason
+from common import guard
 from common.guard import harden
 from common.streaming import forward_headers, iter_upstream, relay
 
 from . import dialects, normalize
-from .metrics import Metrics
+from .metrics import NOT_READ, Metrics
 from .search import loop
 from .search.searxng import SearxngClient
 from .settings import Settings
@@ -71,7 +71,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     @app.after_request
     def _after(resp: Response):
         resp = dialects.anthropic_errors(resp, request.path)
-        return metrics.observe(resp, request, g.get("t0"))
+        return metrics.observe(resp, request, g.get("t0"), g.get("model", NOT_READ))
 
     # ------------------------------------------------------------ own routes
 
@@ -101,7 +101,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         raw = request.get_data()
         body = normalize.parse_chat_body(raw)
         changed = False
-        model = body.get("model")
+        model = g.model = body.get("model")
         first_role = body["messages"][0].get("role")
         if settings.INJECT_SYSTEM and first_role not in ("system", "developer"):
             text = catalog.lookup(model).get("system_prompt") or settings.SYSTEM_PROMPT
@@ -125,7 +125,7 @@ def create_app(settings: Settings | None = None) -> Flask:
                 return relay(first)          # the upstream's error, untouched
             return loop.stream_response(s, first)
 
-        data = json.dumps(body, ensure_ascii=False).encode() if changed else raw
+        data = guard.dumps(body) if changed else raw
         r = upstream.request("POST", "/v1/chat/completions", headers=forward_headers(
             request.headers), data=data, stream=True, environ=request.environ,
             read_body=not stream)

@@ -49,6 +49,9 @@ def route_label(path: str) -> str:
     return "other"
 
 
+NOT_READ = object()     # observe(): the handler did not read the requested model
+
+
 class Metrics:
     def __init__(self, resolve: Callable[[str], str | None] | None = None):
         """`resolve(name)`: a model's id for an alias (None when unknown)."""
@@ -92,9 +95,11 @@ class Metrics:
             buckets=common.COUNT_BUCKETS, registry=r)
 
     # ------------------------------------------------------------- requests
-    def observe(self, resp, request, t0: float | None):
+    def observe(self, resp, request, t0: float | None, model=NOT_READ):
         """Count a response to a Flask `request` that arrived at `t0` (perf_counter)
-        and follow its body; returns it (body wrapped if streamed)."""
+        and follow its body; returns it (body wrapped if streamed). `model`: the
+        model the request named (None: none), when its handler has read it; else
+        it is read from the body at the end."""
         route = route_label(request.path)
         self._requests.labels(route, request.method, str(resp.status_code)).inc()
         if t0 is None:
@@ -102,7 +107,7 @@ class Metrics:
         answer = None
         if route in TOKEN_ROUTES and resp.status_code == 200:
             # The handler has read the body: this is Werkzeug's cached copy.
-            answer = _Answer(self, t0, request.get_data())
+            answer = _Answer(self, t0, request.get_data() if model is NOT_READ else model)
         if resp.is_streamed:
             is_sse = (resp.mimetype or "") == "text/event-stream"
             resp.response = self._follow(resp.response, route, t0, answer, is_sse)
@@ -207,12 +212,13 @@ class _Answer:
     chat/completions, Anthropic Messages and Responses shapes, streamed or not:
     the last value of each usage field wins (streams repeat or grow them)."""
 
-    __slots__ = ("metrics", "t0", "request_body", "model", "prompt", "completion",
+    __slots__ = ("metrics", "t0", "requested", "model", "prompt", "completion",
                  "per_second", "timed_prompt", "timed_completion", "first_data", "last_data",
                  "ended")
 
-    def __init__(self, metrics: Metrics, t0: float, request_body: bytes):
-        self.metrics, self.t0, self.request_body = metrics, t0, request_body
+    def __init__(self, metrics: Metrics, t0: float, requested: bytes | str | None):
+        # requested: the model the request named, or its body to read it from
+        self.metrics, self.t0, self.requested = metrics, t0, requested
         self.model = self.prompt = self.completion = self.per_second = None
         self.timed_prompt = self.timed_completion = None
         self.first_data = self.last_data = None
@@ -280,7 +286,10 @@ class _Answer:
         first_token = None if self.first_data is None else self.first_data - self.t0
         if self.prompt is None and self.completion is None and first_token is None:
             return
-        model = self.metrics.model_label(_requested_model(self.request_body), self.model)
+        requested = self.requested
+        if isinstance(requested, bytes):
+            requested = _requested_model(requested)
+        model = self.metrics.model_label(requested, self.model)
         self.metrics.tokens(model, self.prompt, self.completion, rate, first_token)
 
 

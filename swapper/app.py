@@ -2,7 +2,6 @@
 effects in the runtime (performed by the driver)."""
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -10,6 +9,7 @@ from dataclasses import dataclass
 from flask import Flask, Response, jsonify, request, stream_with_context
 
 from common.errors import ApiError, install_error_handlers
+from common import guard
 from common.guard import harden
 from common.streaming import NO_BUFFERING
 
@@ -223,7 +223,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
             if payload.get("model") != spec.id:
                 # Backends know the model by its id (vLLM: --served-model-name).
                 payload["model"] = spec.id
-                body = json.dumps(payload).encode()
+                body = guard.dumps(payload)
             if n > 1 and not serves_natively(spec, n):
                 return sw.fanout.run(spec, f"v1/{path}", request.query_string.decode(),
                                      request.headers, payload, n, request.environ)

@@ -7,12 +7,12 @@ search is on) or the body straight to the backend, which speaks the dialect itse
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from flask import Response
+from flask import Response, g
 
+from common import guard
 from common.streaming import forward_headers, relay
 
 from ..search.engine import Searcher
@@ -43,6 +43,7 @@ def handle(d: _Dialect, ext: dict, request) -> Response:
     raw = request.get_data()
     body = parse_json_object(raw, d.what)
     d.module.validate(body)
+    g.model = body.get("model")            # for the metrics: no second parse
     changed = prepare(body, settings=settings, catalog=ext["catalog"],
                       system_key=d.system_key, floor_keys=d.floor_keys)
     stream = bool(body.get("stream"))
@@ -69,7 +70,7 @@ def handle(d: _Dialect, ext: dict, request) -> Response:
     if tool is not None:
         d.module.strip_search_tool(body)
     # nothing to change: the client's bytes, as they came
-    data = json.dumps(body, ensure_ascii=False).encode() if changed or tool else raw
+    data = guard.dumps(body) if changed or tool else raw
     r = translate.send(ext["upstream"], d.path, body, data,
                        headers=forward_headers(request.headers), stream=stream,
                        chat_only=chat_only, environ=request.environ)

@@ -8,7 +8,7 @@ from typing import Iterator
 
 import requests
 
-from common import sse
+from common import guard, sse
 from common.streaming import forward_headers, iter_body
 
 from .. import normalize
@@ -75,7 +75,7 @@ class DialectSession:
 
     def call(self, stream: bool) -> requests.Response:
         body = self.round_body(stream)
-        data = json.dumps(body, ensure_ascii=False).encode()
+        data = guard.dumps(body)
         return translate.send(self.upstream, self.path, body, data, headers=self.headers,
                               stream=stream, chat_only=self.chat_only)
 

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import requests
 
-from common import sse
+from common import guard, sse
 
 from ..search.engine import new_id
 
@@ -540,6 +540,6 @@ def send(upstream, path: str, body: dict, data: bytes, *, headers, stream: bool,
                  body.get("model"), path)
     conv = messages_to_chat(body) if path == MESSAGES else responses_to_chat(body)
     chat = upstream.request("POST", CHAT_PATH, headers=headers,
-                            data=json.dumps(conv, ensure_ascii=False).encode(),
+                            data=guard.dumps(conv),
                             stream=stream, environ=environ, read_body=not stream)
     return Translated(chat, path, stream, body.get("model"))

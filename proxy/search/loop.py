@@ -23,7 +23,7 @@ from typing import Iterator
 import requests
 from flask import Response
 
-from common import sse
+from common import guard, sse
 from common.errors import ApiError, error_body
 from common.streaming import NO_BUFFERING, forward_headers, iter_body
 
@@ -115,7 +115,7 @@ class SearchSession:
         return b
 
     def call_model(self, stream: bool) -> requests.Response:
-        data = json.dumps(self.round_body(stream), ensure_ascii=False).encode()
+        data = guard.dumps(self.round_body(stream))
         return self.upstream.request("POST", CHAT_PATH, headers=self.headers, data=data,
                                      stream=stream)
 
