@@ -17,6 +17,12 @@ from requests.adapters import HTTPAdapter
 import urllib3
 from greenlet import getcurrent
 
+try:
+    from gevent.monkey import get_original
+    _select = get_original("select", "select")
+except ImportError:                   # no gevent: the standard library's
+    _select = select.select
+
 T = TypeVar("T")
 
 POLL = 1.0   # seconds between checks of the client socket
@@ -34,7 +40,9 @@ def client_gone(environ: dict) -> bool:
     try:
         # Not recv(MSG_DONTWAIT): gevent's socket waits on EAGAIN. A zero-timeout
         # select says whether a read would return at once; EOF reads as b"".
-        readable, _, _ = select.select([sock], [], [], 0)
+        # The OS's own select: gevent's yields to the loop, and this also runs
+        # in the loop itself (call_watching_client's timer).
+        readable, _, _ = _select([sock], [], [], 0)
         return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
     except (ValueError, OSError):
         return True
@@ -83,13 +91,13 @@ class _WatchedConnection(urllib3.connection.HTTPConnection):
         greenlets runnable reported connections the server had closed while
         idle (gunicorn's keep-alive, llama-server after a stream) as open: 49-63
         of 256 streams failed with RemoteDisconnected after an idle pause
-        (tests/integration/test_stale_keepalive.py). gevent's select() asks the
-        OS first. Readable while idle means EOF (or stray bytes): not reusable
-        either way."""
+        (tests/integration/test_stale_keepalive.py). The OS's own zero-timeout
+        select answers truly and at once (gevent's also yields to the loop).
+        Readable while idle means EOF (or stray bytes): not reusable either way."""
         if self.sock is None:
             return False
         try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
+            readable, _, _ = _select([self.sock], [], [], 0)
         except (ValueError, OSError):
             return False
         return not readable
@@ -147,26 +155,38 @@ def watch_connections(session: requests.Session,
 
 
 def call_watching_client(fn: Callable[[], T], environ: dict, poll: float = POLL) -> T:
-    """Run fn() (blocking upstream I/O) in a greenlet and return its result; if
-    the client goes away first, shut its upstream connection down (so llama.cpp
-    and vLLM stop generating), kill it and raise ClientGone. Outside a gevent server (no client socket in the
-    environ) this simply calls fn(). Its session must be watch_connections()'d."""
+    """Run fn() (blocking upstream I/O) and return its result; if the client
+    goes away first, shut its upstream connection down (so llama.cpp and vLLM
+    stop generating) and raise ClientGone where fn() waits. Outside a gevent
+    server (no client socket in the environ) this simply calls fn(). Its
+    session must be watch_connections()'d.
+
+    The check is a timer of the event loop every `poll` seconds, not a greenlet
+    of its own: an answer that comes within a second (most non-streamed ones)
+    costs a timer started and stopped, not a spawn and two switches."""
     if environ.get("gunicorn.socket") is None:
         return fn()
     import gevent
-    g = gevent.spawn(fn)
-    while not g.ready():
-        g.join(poll)
-        if not g.ready() and client_gone(environ):
-            # Hang up on the upstream first: shutdown() sends the FIN at once,
-            # whatever else still holds the socket (a half-read response does),
-            # so the backend sees the client leave and stops generating.
-            conn = _waiting.get(id(g))
-            if conn is not None and conn.sock is not None:
-                try:
-                    conn.sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-            g.kill(block=True)
-            raise ClientGone()
-    return g.get()
+    me = getcurrent()
+    timer = gevent.get_hub().loop.timer(poll, poll)
+
+    def check():                # runs in the event loop: must not block
+        if not client_gone(environ):
+            return
+        timer.stop()
+        # Hang up on the upstream first: shutdown() sends the FIN at once,
+        # whatever else still holds the socket (a half-read response does),
+        # so the backend sees the client leave and stops generating.
+        conn = _waiting.get(id(me))
+        if conn is not None and conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        me.throw(ClientGone())
+
+    timer.start(check)
+    try:
+        return fn()
+    finally:
+        timer.close()

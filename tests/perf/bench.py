@@ -277,16 +277,27 @@ def real_workloads(paths: dict[str, str], leaders: dict[str, dict[str, int]], a)
             "decode_ratio": paired(rate, ratio=True)}
 
 
-def agent_messages(kb: int) -> list[dict]:
-    """A coding agent's conversation of about `kb` KB: code in the history."""
-    line = "    def handler(self, request):  # route the request to its model\n"
-    turns, size = [SYSTEM], 0
+def agent_body(kb: int) -> dict:
+    """A coding agent's request of about `kb` KB, shaped like one: a long system
+    prompt, 30 tool schemas, and turns of code, tool calls and tool output."""
+    tools = [{"type": "function", "function": {
+        "name": f"tool_{i}", "description": "Reads, edits or runs something. " * 12,
+        "parameters": {"type": "object", "required": ["path"], "properties": {
+            f"arg{j}": {"type": "string", "description": "what it means " * 4}
+            for j in range(8)}}}} for i in range(30)]
+    turns = [{"role": "system", "content": "You are a coding agent. " * 200}]
+    size, i = len(json.dumps(tools)) + 4800, 0
     while size < kb * 1024:
-        turns.append({"role": "user", "content": "Refactor this:\n" + line * 40})
-        turns.append({"role": "assistant", "content": "Done:\n" + line * 40})
-        size += 2 * 40 * len(line)
+        call = {"id": f"call_{i}", "type": "function", "function": {
+            "name": "tool_1", "arguments": json.dumps({"path": f"src/mod_{i}.py"})}}
+        turns += [{"role": "user", "content": [{"type": "text",
+                                                "text": "def f(x):\n    return x\n" * 20}]},
+                  {"role": "assistant", "content": None, "tool_calls": [call]},
+                  {"role": "tool", "tool_call_id": f"call_{i}",
+                   "content": "    line of the file\n" * 40}]
+        size, i = size + 1900, i + 1
     turns.append({"role": "user", "content": "Say hi."})
-    return turns
+    return {**chat("synth", 1, False), "messages": turns, "tools": tools}
 
 
 def hop(paths: dict[str, str], leaders: dict[str, dict[str, int]], a) -> dict:
@@ -296,7 +307,7 @@ def hop(paths: dict[str, str], leaders: dict[str, dict[str, int]], a) -> dict:
     names = list(paths)
     sessions = {k: client.Session(u) for k, u in paths.items()}
     bodies = {"tiny": chat("synth", 1, False),
-              f"{a.hop_kb}kb": {**chat("synth", 1, False), "messages": agent_messages(a.hop_kb)}}
+              f"{a.hop_kb}kb": agent_body(a.hop_kb)}
     out = {}
     for label, body in bodies.items():
         lat = {k: [] for k in names}
@@ -573,7 +584,7 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--hop-rounds", type=int, default=300,
                     help="rounds of non-streaming requests to the synthetic backend")
-    ap.add_argument("--hop-kb", type=int, default=32, help="size of the agent-sized body")
+    ap.add_argument("--hop-kb", type=int, default=150, help="size of the agent-sized body")
     ap.add_argument("--chunks", type=int, default=20000, help="chunks of the unpaced stream")
     ap.add_argument("--synth-rounds", type=int, default=3)
     ap.add_argument("--concurrency", default="1,16,64,256")
