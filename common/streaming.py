@@ -16,6 +16,8 @@ import requests
 import urllib3
 from flask import Response
 from requests.models import PreparedRequest
+from requests.structures import CaseInsensitiveDict
+from requests.utils import get_encoding_from_headers
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those the WSGI server recomputes.
 HOP_BY_HOP = frozenset({
@@ -138,7 +140,7 @@ def pooled_request(session: requests.Session, method: str, url: str, *, headers=
     """session.request(method, url, stream=True, allow_redirects=False, ...) for a
     plain-HTTP upstream, without requests' per-call machinery (settings merge,
     cookies, hooks, redirect handling): urlopen on the session's own pool, the
-    answer wrapped by the adapter into a requests.Response with its body unread,
+    answer wrapped into a requests.Response with its body unread,
     urllib3's errors raised as requests' (as HTTPAdapter.send does). About half
     of requests' client-side CPU per call. The session's default headers are not
     added: the caller's headers go as they are."""
@@ -175,7 +177,15 @@ def pooled_request(session: requests.Session, method: str, url: str, *, headers=
         raise requests.exceptions.ConnectionError(e, request=req) from None
     except urllib3.exceptions.HTTPError as e:
         raise requests.exceptions.RequestException(e, request=req) from None
-    return adapter.build_response(req, raw)
+    # adapter.build_response(req, raw), minus its cookie extraction: nothing
+    # here reads cookies, and an upstream's Set-Cookie is none of our business.
+    resp = requests.Response()
+    resp.status_code = raw.status
+    resp.headers = CaseInsensitiveDict(raw.headers)
+    resp.encoding = get_encoding_from_headers(resp.headers)
+    resp.raw, resp.reason, resp.url = raw, raw.reason, url
+    resp.request, resp.connection = req, adapter
+    return resp
 
 
 def iter_upstream(upstream: requests.Response,
