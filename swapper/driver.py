@@ -10,7 +10,8 @@ A swap overlaps what it safely can. While the old container stops, a helper
 thread creates the next model's container (`Action.next_model`; created, not
 started: it binds no port and holds no GPU). The next load starts that
 prepared container, only after the stop returned. The stopped container is
-removed by a helper thread once the load is done, off the swap's path; a
+removed by a helper thread once the load is done, off the swap's path (a stop
+that no load follows removes it at once); a
 removal that fails, a prepared container nobody loaded, and whatever a failed
 load may have left are swept (every container of the stack but the resident
 one) on the next idle turn, until the engine confirms.
@@ -159,8 +160,10 @@ class Driver:
 
     def _stop(self, action: Action) -> None:
         """Stop the model's container; retried until the engine confirms (a
-        stop that is not sure must never let the next model in). Meanwhile a
-        helper creates the container of the model that waits next."""
+        stop that is not sure must never let the next model in). In a swap a
+        helper creates the container of the model that waits next meanwhile,
+        and the stopped one is removed after the load; else (an unload, an
+        idle TTL) it is removed now."""
         backend = self.scheduler.backend
         target = backend if backend is not None and backend.model == action.model \
             else action.model
@@ -183,6 +186,9 @@ class Driver:
                 delay = min(delay * 2, 30)
         if helper is not None:
             helper.join()
+        else:                          # not a swap: nothing waits, remove it now
+            self._remove(self._stopped)
+            self._stopped = []
         self.metrics.unloaded(action.model, self._clock() - t0)
         self.scheduler.stop_done()
 

@@ -123,13 +123,12 @@ def test_crash_is_noticed_by_the_watch_and_the_next_request_restarts(world):
     world.runtime.kill("a")
     turn(world)                                   # watch: crash -> stop
     assert world.sched.phase == STOPPING
-    turn(world)                                   # the dead container is stopped
-    assert world.sched.phase == IDLE and world.runtime.running() == []
+    turn(world)                                   # the dead container is removed
+    assert world.sched.phase == IDLE and world.runtime.containers == {}
     again = world.sched.submit("a")
     turn(world)
     assert world.clock.slept == [1.0]             # backoff after a crash
     assert again.state == "admitted"
-    assert list(world.runtime.containers) == [again.backend.container_id]   # old one removed
 
 
 def test_check_with_confirm_sees_through_docker_calling_a_killed_container_running(world):
@@ -179,9 +178,7 @@ def test_idle_ttl_unloads(world):
     assert world.sched.phase == READY
     world.clock.now += 31
     turn(world, 2)                                # expire, stop
-    assert world.sched.phase == IDLE and world.runtime.running() == []
-    turn(world)                                   # idle: the stopped container is removed
-    assert world.runtime.containers == {}
+    assert world.sched.phase == IDLE and world.runtime.containers == {}
 
 
 def test_adoption_keeps_one_running_backend_and_removes_the_rest(world):
@@ -296,15 +293,13 @@ def test_a_swap_in_order_prepare_stop_start_then_remove(world):
     assert world.runtime.peak == 1
 
 
-def test_an_unload_removes_the_stopped_container_when_idle(world):
+def test_an_unload_removes_the_container_before_it_answers(world):
     a = world.sched.submit("a")
     turn(world)
     world.sched.release(a)
     u = world.sched.submit(None)
     turn(world)                                   # stop: nothing to prepare
     assert u.state == "done" and ("prepare", "a") not in world.runtime.calls
-    assert world.runtime.running() == []
-    turn(world)
     assert world.runtime.containers == {}
 
 
