@@ -16,9 +16,12 @@ removal that fails, a prepared container nobody loaded, and whatever a failed
 load may have left are swept (every container of the stack but the resident
 one) on the next idle turn, until the engine confirms.
 
-Between actions it watches the resident backend: a container that exited is
-reported as a crash, and an idle model past its TTL is unloaded. The resident
-backend is the scheduler's (`scheduler.backend`); the driver keeps no copy.
+A backend that dies is reported as a crash as soon as Docker says so: a second
+thread follows the engine's `die` events (`follow_deaths`). Between actions the
+driver watches the resident backend: while that event stream is down (an
+engine that restarts) it inspects the container every WATCH_INTERVAL instead;
+and an idle model past its TTL is unloaded. The resident backend is the
+scheduler's (`scheduler.backend`); the driver keeps no copy.
 """
 from __future__ import annotations
 
@@ -65,12 +68,14 @@ class Driver:
         self._prepared: Backend | None = None   # created during a stop, for the next load
         self._stopped: list[str] = []           # stopped containers, to remove
         self._dirty = False                     # something may be left: sweep when idle
+        self.following = False                  # Docker's die events arrive (follow_deaths)
 
     def start(self) -> None:
         """Adopt what an earlier run left before serving (when the engine
         answers; else the driver thread keeps trying), then run the driver."""
         self._adopt()
         threading.Thread(target=self.run, name="swapper-driver", daemon=True).start()
+        threading.Thread(target=self.follow_deaths, name="swapper-deaths", daemon=True).start()
 
     def run(self) -> None:
         while True:
@@ -240,11 +245,40 @@ class Driver:
             log.warning("could not remove leftover backend containers (trying again): %s", e)
 
     # ------------------------------------------------------------------ watch
+    def follow_deaths(self) -> None:
+        """Follow Docker's die events for ever: the resident backend's death is
+        a crash at once. Whenever the stream is (re)subscribed the backend is
+        looked at once (it may have died while nobody listened); while it is
+        down the watch polls."""
+        while True:
+            try:
+                deaths = self.runtime.deaths()
+            except Exception:            # the engine is down: the watch polls
+                self._sleep(self.settings.watch_interval)
+                continue
+            self.following = True
+            try:
+                backend = self.scheduler.backend
+                if backend is not None:
+                    self.alive(backend)
+                for container_id in deaths:
+                    backend = self.scheduler.backend
+                    if backend is not None and backend.container_id == container_id:
+                        self.alive(backend, confirm=CONFIRM_DEAD_SECONDS)
+                why = "it ended"
+            except Exception as e:
+                why = str(e)
+            self.following = False
+            log.warning("Docker's event stream broke (%s): polling the backend until it is "
+                        "back", why)
+            self._sleep(self.settings.watch_interval)
+
     def _watch(self) -> None:
         snap = self.scheduler.snapshot()
         if snap["state"] != READY or snap["backend"] is None:
             return
-        self.alive(snap["backend"])
+        if not self.following:
+            self.alive(snap["backend"])
         spec = self.registry.models.get(snap["model"])
         resting = self._resting
         if spec is not None and spec.idle_ttl > 0 and spec.id != resting:

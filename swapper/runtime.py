@@ -111,6 +111,7 @@ class Runtime(Protocol):
     def stop(self, backend_or_model: "Backend | str") -> list[str]: ...
     def remove(self, container_id: str) -> None: ...
     def state(self, backend: "Backend") -> tuple[bool, str]: ...
+    def deaths(self) -> Iterator[str]: ...
     def logs(self, model_id: str, tail: int | None = None) -> str: ...
     def follow_logs(self, model_id: str, tail: int = 100) -> Iterator[bytes]: ...
     def adopt(self) -> "Backend | None": ...
@@ -202,6 +203,16 @@ class DockerRuntime:
         if st.get("OOMKilled"):
             reason += " (killed: out of memory)"
         return False, reason
+
+    def deaths(self) -> Iterator[str]:
+        """The ids of this stack's containers as they exit (Docker's `die`
+        events), subscribed before it returns. The iteration ends or raises
+        when the stream breaks (an engine that restarts). Raises
+        DockerUnavailable when the engine does not answer."""
+        with _engine():
+            stream = self.client.events(decode=True, filters={
+                **self.labels_filter, "type": "container", "event": "die"})
+        return (ev.get("id", "") for ev in stream)
 
     def logs(self, model_id: str, tail: int | None = None) -> str:
         c = self._find(model_id)

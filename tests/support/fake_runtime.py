@@ -3,8 +3,10 @@ lease and the fan-out without Docker.
 
 Containers are records: created, running or exited, until removed. A model
 may be given the URL of a real HTTP server (a scripted backend) that its
-"container" serves at; the engine can be taken down and brought back; creates,
-starts, stops and removals can be made to fail, and a stop can be held open
+"container" serves at. A container that exits (killed or stopped) is told to
+every `deaths()` stream, and those streams can be broken. The engine can be
+taken down and brought back; creates, starts, stops and removals can be made
+to fail, and a stop can be held open
 (`stop_gate`) to see what happens meanwhile. Whatever it is asked to do is
 recorded in `calls` (a stop twice: ("stop", m) when asked, ("stopped", m) when
 it returns), and `peak` is the most containers that ever ran at once (the
@@ -14,6 +16,7 @@ container before a start: a driver that starts too early shows in `peak`.
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 from dataclasses import dataclass
 
@@ -49,6 +52,8 @@ class FakeRuntime:
         self.remove_failures = 0      # the next n removals find the engine down
         self.stop_gate: threading.Event | None = None   # set: stops wait for it
         self.peak = 0
+        self.inspections = 0          # state() calls
+        self._subscribers: list[queue.Queue] = []       # deaths() streams
 
     # ------------------------------------------------------------- test levers
     def kill(self, model: str, reason: str = "its container exited with code 137",
@@ -58,6 +63,16 @@ class FakeRuntime:
         for c in self.containers.values():
             if c.model == model and c.running:
                 c.status, c.reason, c.running_reports = "exited", reason, reported_running
+                self._died(c.id)
+
+    def _died(self, container_id: str) -> None:
+        for q in list(self._subscribers):
+            q.put(container_id)
+
+    def break_events(self) -> None:
+        """Every deaths() stream fails (the engine restarts)."""
+        for q in list(self._subscribers):
+            q.put(DockerUnavailable("fake event stream broken"))
 
     def leave(self, model: str, running: bool = True) -> Container:
         """A container left by an earlier run (for adoption)."""
@@ -130,6 +145,7 @@ class FakeRuntime:
             if cid == target or c.model == target:
                 if c.running:
                     c.status, c.reason = "exited", "its container exited with code 0"
+                    self._died(cid)
                 stopped.append(cid)
         self._record("stopped", model)
         return stopped
@@ -143,6 +159,7 @@ class FakeRuntime:
         self.containers.pop(container_id, None)
 
     def state(self, backend: Backend) -> tuple[bool, str]:
+        self.inspections += 1
         self._engine()
         c = self.containers.get(backend.container_id)
         if c is None:
@@ -151,6 +168,22 @@ class FakeRuntime:
             c.running_reports -= 1
             return True, ""
         return c.running, c.reason
+
+    def deaths(self):
+        self._engine()
+        q: queue.Queue = queue.Queue()
+        self._subscribers.append(q)
+
+        def stream():
+            try:
+                while True:
+                    item = q.get()
+                    if isinstance(item, Exception):
+                        raise item
+                    yield item
+            finally:
+                self._subscribers.remove(q)
+        return stream()
 
     def logs(self, model_id: str, tail: int | None = None) -> str:
         return f"fake log of {model_id}"

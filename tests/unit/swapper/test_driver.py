@@ -377,3 +377,45 @@ def test_a_container_prepared_for_another_model_is_not_started(world):
     assert t.state == "admitted" and ("start", "ttl") in world.runtime.calls
     assert list(world.runtime.containers) == [t.backend.container_id]
     assert world.runtime.peak == 1
+
+
+# ------------------------------------------------------------ Docker's events
+def wait_until(predicate, what: str, deadline: float = 5.0):
+    end = time.monotonic() + deadline
+    while not predicate():
+        assert time.monotonic() < end, f"{what}: not within {deadline} s"
+        time.sleep(0.01)
+
+
+def test_a_death_is_noticed_from_dockers_events_and_the_watch_stops_polling(world):
+    resume = threading.Event()
+
+    def sleep(seconds):                           # the follower waits here after a break
+        resume.wait(5)
+        resume.clear()
+    world.driver._sleep = sleep
+    a = world.sched.submit("a")
+    turn(world)
+    world.sched.release(a)
+    threading.Thread(target=world.driver.follow_deaths, daemon=True).start()
+    wait_until(lambda: world.driver.following, "subscribed")
+    polled = world.runtime.inspections            # one look when it subscribed
+    turn(world, 3)                                # idle turns: no inspection
+    assert world.runtime.inspections == polled
+    b = world.sched.submit("b")                   # a swap: the stop's own die event
+    turn(world, 2)                                # is no crash
+    assert b.state == "admitted" and world.sched.snapshot()["failures"] == {}
+    world.sched.release(b)
+    world.runtime.kill("b")                       # no watch turn: the event reports it
+    wait_until(lambda: world.sched.phase == STOPPING, "crash reported from the event")
+    assert world.sched.snapshot()["failures"] == {"b": 1}
+    turn(world)                                   # the dead container is removed
+    world.runtime.break_events()                  # the engine restarts: back to polling
+    wait_until(lambda: not world.driver.following, "the break noticed")
+    again = world.sched.submit("a")
+    turn(world)
+    world.runtime.kill("a")
+    turn(world)                                   # the watch inspects again
+    assert world.sched.phase == STOPPING and again.state == "admitted"
+    resume.set()                                  # the follower subscribes again
+    wait_until(lambda: world.driver.following, "subscribed again")
