@@ -205,6 +205,16 @@ def test_crash_is_noticed_and_the_next_request_restarts(swapper, docker_client):
     assert c2.id != c.id
 
 
+def test_a_crash_is_noticed_from_dockers_events_not_by_polling(docker_client):
+    with SwapperProcess(WATCH_INTERVAL="300") as sw:       # the watch never polls here
+        assert requests.post(sw.url + "/load/a", timeout=180).status_code == 200
+        (c,) = stack_containers(docker_client, sw.stack)
+        c.kill()
+        wait_for(lambda: running(sw)["model"] is None, 20, "crash noticed", 0.05)
+        assert metric(sw, "swapper_crashes_total", model="tiny-a") == 1
+        assert stack_containers(docker_client, sw.stack) == []
+
+
 def test_client_disconnect_stops_generation(swapper):
     assert requests.post(swapper.url + "/load/b", timeout=180).status_code == 200  # one slot
     with chat(swapper.url, "b", stream=True, max_tokens=4000, ignore_eos=True) as r:
