@@ -51,6 +51,8 @@ LABEL_ROLE = "org.coding-stack.role"
 # (a load that takes longer is a big one) every SLOW_POLL_INTERVAL.
 FAST_POLL_SECONDS = 3.0
 SLOW_POLL_INTERVAL = 0.05
+# How long a start waits for the published port of the container stopped just before.
+PORT_WAIT_SECONDS = 1.0
 
 
 class BackendError(Exception):
@@ -282,12 +284,7 @@ class DockerRuntime:
         backend = prepared or self._create(spec)
         try:
             self._remove_running(but=backend.container_id)      # never two
-            try:
-                with _engine():
-                    self.client.api.start(backend.container_id)
-            except docker.errors.APIError as e:
-                raise BackendError(spec.id, _docker_cause(spec, e, self.settings),
-                                   self._tail(backend.container_id)) from None
+            self._start_container(spec, backend)
             self._wait_ready(spec, backend, on_progress)
         except BaseException:
             try:
@@ -296,6 +293,25 @@ class DockerRuntime:
                 pass
             raise
         return backend
+
+    def _start_container(self, spec: ModelSpec, backend: Backend) -> None:
+        """`docker start`. The engine marks a container stopped (and `docker
+        stop` returns) just before it releases that container's network, so
+        the published port of the one stopped a moment ago may still be held:
+        a port conflict is tried again for up to PORT_WAIT_SECONDS."""
+        deadline = time.monotonic() + PORT_WAIT_SECONDS
+        while True:
+            try:
+                with _engine():
+                    self.client.api.start(backend.container_id)
+                return
+            except docker.errors.APIError as e:
+                text = str(e).lower()
+                busy = "port is already allocated" in text or "address already in use" in text
+                if not busy or time.monotonic() >= deadline:
+                    raise BackendError(spec.id, _docker_cause(spec, e, self.settings),
+                                       self._tail(backend.container_id)) from None
+            time.sleep(0.05)
 
     def _remove_running(self, but: str) -> None:
         """Remove every running backend of this stack but `but` (none should run
