@@ -246,7 +246,7 @@ class DockerRuntime:
     # ------------------------------------------------------------------ start
     def prepare(self, spec: ModelSpec) -> Backend:
         """Create the model's container without starting it (binds no port,
-        holds no GPU): the slow part of a start that may overlap a stop.
+        holds no GPU): the part of a start that may overlap a stop.
         Raises BackendError like start()."""
         try:
             return self._create(spec)
