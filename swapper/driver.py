@@ -198,8 +198,9 @@ class Driver:
         self.scheduler.stop_done()
 
     def _prepare(self, spec) -> None:
-        """Create the next model's container (the helper thread of a stop). A
-        failure only costs the overlap: the load creates it and reports."""
+        """Create the next model's container (the helper thread of a stop;
+        not when its image must be pulled first). A failure only costs the
+        overlap: the load creates it and reports."""
         try:
             self._prepared = self.runtime.prepare(spec)
         except Exception as e:

@@ -107,7 +107,7 @@ class Runtime(Protocol):
     """What the driver needs from a container engine."""
 
     def ping(self) -> bool: ...
-    def prepare(self, spec: ModelSpec) -> "Backend": ...
+    def prepare(self, spec: ModelSpec) -> "Backend | None": ...
     def start(self, spec: ModelSpec, on_progress: "Progress | None" = None,
               prepared: "Backend | None" = None) -> "Backend": ...
     def stop(self, backend_or_model: "Backend | str") -> list[str]: ...
@@ -244,11 +244,14 @@ class DockerRuntime:
             return ""
 
     # ------------------------------------------------------------------ start
-    def prepare(self, spec: ModelSpec) -> Backend:
+    def prepare(self, spec: ModelSpec) -> Backend | None:
         """Create the model's container without starting it (binds no port,
-        holds no GPU): the part of a start that may overlap a stop.
+        holds no GPU): the part of a start that may overlap a stop. None when
+        its image is not here yet (the load pulls it, telling its progress).
         Raises BackendError like start()."""
         try:
+            if not self._has_image(spec):
+                return None
             return self._create(spec)
         except DockerUnavailable as e:
             raise BackendError(spec.id, f"could not create its container: {e}",
@@ -368,15 +371,19 @@ class DockerRuntime:
             source = os.path.expanduser(source)
         return source + sep + rest
 
-    def _ensure_image(self, spec: ModelSpec) -> None:
+    def _has_image(self, spec: ModelSpec) -> bool:
         try:
             with _engine():
                 self.client.images.get(spec.image)
-            return
+            return True
         except docker.errors.ImageNotFound:
-            pass
+            return False
         except docker.errors.APIError as e:
             raise BackendError(spec.id, f"cannot inspect image '{spec.image}': {e}") from None
+
+    def _ensure_image(self, spec: ModelSpec) -> None:
+        if self._has_image(spec):
+            return
         if not self.settings.pull_images:
             raise BackendError(spec.id, f"image '{spec.image}' is not present and PULL_IMAGES=0")
         repo, tag = docker.utils.parse_repository_tag(spec.image)

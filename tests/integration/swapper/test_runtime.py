@@ -1,6 +1,7 @@
 """DockerRuntime against the real engine: the pieces of an overlapped swap.
 The next model's container is created while the old one runs (same published
 port), started once the old one stopped, and the stopped one removed after."""
+import dataclasses
 import os
 
 import pytest
@@ -64,3 +65,11 @@ def test_start_removes_any_other_running_backend_first(rt, docker_client):
         b.container_id]
     assert rt.state(a) == (False, "its container is gone")
     assert rt.remove_all() == 1
+
+
+def test_nothing_is_prepared_for_an_image_that_must_be_pulled_first(rt, docker_client):
+    """A pull can take minutes: it belongs to the load (which reports its
+    progress), not to the stop of the model before."""
+    spec = dataclasses.replace(rt.registry.models["tiny-a"], image="coding-stack-test/absent:0")
+    assert rt.prepare(spec) is None
+    assert stack_containers(docker_client, rt.settings.stack_name) == []
