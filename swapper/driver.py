@@ -2,13 +2,26 @@
 
 Runs in a single background thread (a greenlet under gunicorn's gevent
 worker). Because actions run one at a time here, a stop always completes (the
-container is gone) before the next load starts. Every action it takes is
+container no longer runs) before the next load starts. Every action it takes is
 reported back to the scheduler whatever happens (a load that raises, an engine
 that vanishes), so the scheduler never waits on a report that will not come.
 
-Between actions it watches the resident backend: a container that exited is
-reported as a crash, and an idle model past its TTL is unloaded. The resident
-backend is the scheduler's (`scheduler.backend`); the driver keeps no copy.
+A swap overlaps what it safely can. While the old container stops, a helper
+thread creates the next model's container (`Action.next_model`; created, not
+started: it binds no port and holds no GPU). The next load starts that
+prepared container, only after the stop returned. The stopped container is
+removed by a helper thread once the load is done, off the swap's path (a stop
+that no load follows removes it at once); a
+removal that fails, a prepared container nobody loaded, and whatever a failed
+load may have left are swept (every container of the stack but the resident
+one) on the next idle turn, until the engine confirms.
+
+A backend that dies is reported as a crash as soon as Docker says so: a second
+thread follows the engine's `die` events (`follow_deaths`). Between actions the
+driver watches the resident backend: while that event stream is down (an
+engine that restarts) it inspects the container every WATCH_INTERVAL instead;
+and an idle model past its TTL is unloaded. The resident backend is the
+scheduler's (`scheduler.backend`); the driver keeps no copy.
 """
 from __future__ import annotations
 
@@ -29,10 +42,16 @@ log = logging.getLogger("swapper.driver")
 CONFIRM_DEAD_SECONDS = 0.5
 
 
+def _thread(fn, *args) -> threading.Thread:
+    t = threading.Thread(target=fn, args=args, daemon=True)
+    t.start()
+    return t
+
+
 class Driver:
     def __init__(self, scheduler: Scheduler, runtime: Runtime, registry: Registry,
                  settings: Settings, metrics: SwapperMetrics,
-                 sleep=time.sleep, clock=time.monotonic):
+                 sleep=time.sleep, clock=time.monotonic, spawn=_thread):
         self.scheduler = scheduler
         self.runtime = runtime
         self.registry = registry
@@ -45,12 +64,18 @@ class Driver:
         self._resting = _model_id(registry, settings.idle_model)
         self._sleep = sleep
         self._clock = clock
+        self._spawn = spawn           # (fn, *args) -> something to join(): a helper thread
+        self._prepared: Backend | None = None   # created during a stop, for the next load
+        self._stopped: list[str] = []           # stopped containers, to remove
+        self._dirty = False                     # something may be left: sweep when idle
+        self.following = False                  # Docker's die events arrive (follow_deaths)
 
     def start(self) -> None:
         """Adopt what an earlier run left before serving (when the engine
         answers; else the driver thread keeps trying), then run the driver."""
         self._adopt()
         threading.Thread(target=self.run, name="swapper-driver", daemon=True).start()
+        threading.Thread(target=self.follow_deaths, name="swapper-deaths", daemon=True).start()
 
     def run(self) -> None:
         while True:
@@ -63,9 +88,11 @@ class Driver:
         action = self.scheduler.next_action(timeout=timeout)
         try:
             if action is None:
+                self._tidy()
                 self._watch()
             elif action.kind == "load":
                 self._load(action)
+                self._remove_stopped()
             else:
                 self._stop(action)
         except Exception:         # a bug here must not kill the only driver
@@ -101,6 +128,10 @@ class Driver:
 
     def _load(self, action: Action) -> None:
         spec = self.registry.models[action.model]
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared.model != spec.id:
+            self._stopped.append(prepared.container_id)     # prepared for nothing
+            prepared = None
         error: LoadFailed | None = None
         backend: Backend | None = None
         try:
@@ -110,12 +141,13 @@ class Driver:
                 self._sleep(action.delay)
             log.info("loading model %s (image %s)", spec.id, spec.image)
             t0 = self._clock()
-            backend = self.runtime.start(spec, on_progress=lambda seconds, line:
+            backend = self.runtime.start(spec, prepared=prepared, on_progress=lambda seconds, line:
                                          self.scheduler.load_progress(action.epoch, seconds,
                                                                       line))
             self.last_load_seconds = self._clock() - t0
-            self.adopted = True        # start() removed whatever was there
             self.metrics.load_done(spec.id, self.last_load_seconds, ok=True)
+            if not self.adopted:       # the engine came back just before this load:
+                self.adopted = self._dirty = True    # sweep what an earlier run left
         except BackendError as e:
             log.error("load failed: %s", e)
             error = LoadFailed(str(e), e.kind)
@@ -127,36 +159,127 @@ class Driver:
                 raise
         finally:
             if error is not None:
+                self._dirty = True     # the runtime may not have removed what it made
                 self.metrics.load_done(spec.id, 0.0, ok=False)
             self.scheduler.load_done(action.epoch, backend=backend, error=error)
 
     def _stop(self, action: Action) -> None:
-        """Stop and remove the model's container; retried until the engine
-        confirms (a stop that is not sure must never let the next model in)."""
+        """Stop the model's container; retried until the engine confirms (a
+        stop that is not sure must never let the next model in). In a swap a
+        helper creates the container of the model that waits next meanwhile,
+        and the stopped one is removed after the load; else (an unload, an
+        idle TTL) it is removed now."""
         backend = self.scheduler.backend
         target = backend if backend is not None and backend.model == action.model \
             else action.model
         log.info("stopping model %s", action.model)
         t0 = self._clock()
+        if self._prepared is not None:                  # an earlier one nobody loaded
+            self._stopped.append(self._prepared.container_id)
+            self._prepared = None
+        spec = self.registry.models.get(action.next_model or "")
+        helper = self._spawn(self._prepare, spec) if spec is not None else None
         delay = 1.0
         while True:
             try:
-                self.runtime.stop(target)
+                self._stopped += self.runtime.stop(target)
                 break
             except Exception as e:
                 log.error("could not stop model %s (retrying in %.0f s): %s",
                           action.model, delay, e)
                 self._sleep(delay)
                 delay = min(delay * 2, 30)
+        if helper is not None:
+            helper.join()
+        else:                          # not a swap: nothing waits, remove it now
+            self._remove(self._stopped)
+            self._stopped = []
         self.metrics.unloaded(action.model, self._clock() - t0)
         self.scheduler.stop_done()
 
+    def _prepare(self, spec) -> None:
+        """Create the next model's container (the helper thread of a stop;
+        not when its image must be pulled first). A failure only costs the
+        overlap: the load creates it and reports."""
+        try:
+            self._prepared = self.runtime.prepare(spec)
+        except Exception as e:
+            self._dirty = True
+            log.warning("could not create the container of model %s ahead of its load: %s",
+                        spec.id, e)
+
+    # ---------------------------------------------------------------- removal
+    def _remove_stopped(self) -> None:
+        """Remove the stopped containers, in a helper thread (off the path of
+        whatever the driver does next)."""
+        ids, self._stopped = self._stopped, []
+        if ids:
+            self._spawn(self._remove, ids)
+
+    def _remove(self, ids: list[str]) -> None:
+        for cid in ids:
+            try:
+                self.runtime.remove(cid)
+            except Exception as e:
+                self._dirty = True
+                log.warning("could not remove container %s (trying again when idle): %s",
+                            cid[:12], e)
+
+    def _tidy(self) -> None:
+        """An idle turn (nothing is being created or started): remove what
+        stopped; when something may have been left behind, sweep every
+        container of the stack but the resident one instead."""
+        if self._prepared is not None:                  # its load never came
+            self._stopped.append(self._prepared.container_id)
+            self._prepared = None
+        if not self._dirty or not self.adopted:
+            self._remove_stopped()
+            return
+        self._dirty, self._stopped = False, []
+        backend = self.scheduler.backend
+        try:
+            n = self.runtime.remove_all(keep=[backend.container_id] if backend else [])
+            if n:
+                log.info("removed %d leftover backend container(s)", n)
+        except Exception as e:
+            self._dirty = True
+            log.warning("could not remove leftover backend containers (trying again): %s", e)
+
     # ------------------------------------------------------------------ watch
+    def follow_deaths(self) -> None:
+        """Follow Docker's die events for ever: the resident backend's death is
+        a crash at once. Whenever the stream is (re)subscribed the backend is
+        looked at once (it may have died while nobody listened); while it is
+        down the watch polls."""
+        while True:
+            try:
+                deaths = self.runtime.deaths()
+            except Exception:            # the engine is down: the watch polls
+                self._sleep(self.settings.watch_interval)
+                continue
+            self.following = True
+            try:
+                backend = self.scheduler.backend
+                if backend is not None:
+                    self.alive(backend)
+                for container_id in deaths:
+                    backend = self.scheduler.backend
+                    if backend is not None and backend.container_id == container_id:
+                        self.alive(backend, confirm=CONFIRM_DEAD_SECONDS)
+                why = "it ended"
+            except Exception as e:
+                why = str(e)
+            self.following = False
+            log.warning("Docker's event stream broke (%s): polling the backend until it is "
+                        "back", why)
+            self._sleep(self.settings.watch_interval)
+
     def _watch(self) -> None:
         snap = self.scheduler.snapshot()
         if snap["state"] != READY or snap["backend"] is None:
             return
-        self.alive(snap["backend"])
+        if not self.following:
+            self.alive(snap["backend"])
         spec = self.registry.models.get(snap["model"])
         resting = self._resting
         if spec is not None and spec.idle_ttl > 0 and spec.id != resting:

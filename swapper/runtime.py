@@ -1,7 +1,16 @@
-"""Docker effects: start a backend and wait until it is healthy, stop it, read
-its logs, adopt or reap what an earlier run left. The only module that talks to
-the Docker engine. Every container it creates carries the stack's labels; it
-never touches a container without them.
+"""Docker effects: create a backend's container, start it and wait until it is
+healthy, stop it, remove it, read its logs, adopt or reap what an earlier run
+left. The only module that talks to the Docker engine. Every container it
+creates carries the stack's labels (and a name of its own: the next model's
+container is created while the previous one, maybe of the same model, stops);
+it never touches a container without them.
+
+A swap is split so that its slow steps overlap (the driver orders them):
+`prepare` creates the next container (no port is bound, no GPU held before
+`start`) while `stop` stops the old one; `start` runs only after `stop`
+returned, and `remove` of the old container happens afterwards, off the
+critical path. `start` itself still refuses to run next to another running
+backend of this stack: whatever runs is removed first (never two).
 
 Errors: every failure to start becomes a BackendError naming the model, its
 cause (a key of common.failures.CAUSES: load_failed, load_timeout,
@@ -16,10 +25,11 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Collection, Iterator, Protocol
 
 import docker
 import docker.errors
@@ -36,6 +46,13 @@ log = logging.getLogger("swapper.runtime")
 LABEL_STACK = "org.coding-stack.stack"
 LABEL_MODEL = "org.coding-stack.model"
 LABEL_ROLE = "org.coding-stack.role"
+
+# Health polling while a backend starts: every HEALTH_INTERVAL at first, then
+# (a load that takes longer is a big one) every SLOW_POLL_INTERVAL.
+FAST_POLL_SECONDS = 3.0
+SLOW_POLL_INTERVAL = 0.05
+# How long a start waits for the published port of the container stopped just before.
+PORT_WAIT_SECONDS = 1.0
 
 
 class BackendError(Exception):
@@ -90,13 +107,17 @@ class Runtime(Protocol):
     """What the driver needs from a container engine."""
 
     def ping(self) -> bool: ...
-    def start(self, spec: ModelSpec, on_progress: "Progress | None" = None) -> "Backend": ...
-    def stop(self, backend_or_model: "Backend | str") -> None: ...
+    def prepare(self, spec: ModelSpec) -> "Backend | None": ...
+    def start(self, spec: ModelSpec, on_progress: "Progress | None" = None,
+              prepared: "Backend | None" = None) -> "Backend": ...
+    def stop(self, backend_or_model: "Backend | str") -> list[str]: ...
+    def remove(self, container_id: str) -> None: ...
     def state(self, backend: "Backend") -> tuple[bool, str]: ...
+    def deaths(self) -> Iterator[str]: ...
     def logs(self, model_id: str, tail: int | None = None) -> str: ...
     def follow_logs(self, model_id: str, tail: int = 100) -> Iterator[bytes]: ...
     def adopt(self) -> "Backend | None": ...
-    def remove_all(self) -> int: ...
+    def remove_all(self, keep: "Collection[str]" = ()) -> int: ...
 
 
 @contextmanager
@@ -147,7 +168,9 @@ class DockerRuntime:
         return {"label": f"{LABEL_STACK}={self.settings.stack_name}"}
 
     def container_name(self, model_id: str) -> str:
-        return f"{self.settings.stack_name}-backend-{model_id}"
+        """A fresh name for a container of the model: the next one is created
+        while the last one (maybe of the same model) still exists."""
+        return f"{self.settings.stack_name}-backend-{model_id}-{secrets.token_hex(3)}"
 
     def _url(self, spec: ModelSpec, name: str) -> str:
         if self.settings.docker_network:
@@ -165,7 +188,8 @@ class DockerRuntime:
     def containers(self) -> list:
         """This stack's backend containers, running or not."""
         with _engine():
-            return self.client.containers.list(all=True, filters=self.labels_filter)
+            return self.client.containers.list(all=True, filters=self.labels_filter,
+                                              ignore_removed=True)
 
     def state(self, backend: Backend) -> tuple[bool, str]:
         """(running, reason): whether the backend's container still runs.
@@ -182,11 +206,21 @@ class DockerRuntime:
             reason += " (killed: out of memory)"
         return False, reason
 
+    def deaths(self) -> Iterator[str]:
+        """The ids of this stack's containers as they exit (Docker's `die`
+        events), subscribed before it returns. The iteration ends or raises
+        when the stream breaks (an engine that restarts). Raises
+        DockerUnavailable when the engine does not answer."""
+        with _engine():
+            stream = self.client.events(decode=True, filters={
+                **self.labels_filter, "type": "container", "event": "die"})
+        return (ev.get("id", "") for ev in stream)
+
     def logs(self, model_id: str, tail: int | None = None) -> str:
         c = self._find(model_id)
         if c is None:
             return ""
-        return self._tail(c, tail)
+        return self._tail(c.id, tail)
 
     def follow_logs(self, model_id: str, tail: int = 100) -> Iterator[bytes]:
         c = self._find(model_id)
@@ -196,51 +230,103 @@ class DockerRuntime:
             return c.logs(stream=True, follow=True, tail=tail)
 
     def _find(self, model_id: str):
-        for c in self.containers():
-            if c.labels.get(LABEL_MODEL) == model_id:
-                return c
-        return None
+        """The model's running container, else its newest one (a stopped one
+        may wait for removal next to it)."""
+        mine = [c for c in self.containers() if c.labels.get(LABEL_MODEL) == model_id]
+        return next((c for c in mine if c.status == "running"), mine[0] if mine else None)
 
-    def _tail(self, container, tail: int | None = None) -> str:
+    def _tail(self, container_id: str, tail: int | None = None) -> str:
         try:
-            return container.logs(tail=tail or self.settings.log_tail).decode("utf-8", "replace")
+            with _engine():
+                out = self.client.api.logs(container_id, tail=tail or self.settings.log_tail)
+            return out.decode("utf-8", "replace")
         except Exception:           # logs are a courtesy: never fail over them
             return ""
 
     # ------------------------------------------------------------------ start
-    def start(self, spec: ModelSpec, on_progress: Progress | None = None) -> Backend:
-        """Create and start the model's container; return once it is healthy,
-        telling `on_progress` twice a second how it goes.
-        Raises BackendError (DockerUnavailable becomes one of kind
-        docker_unreachable); whatever it created is removed on failure when the
-        engine answers, and by the next start's remove_all() otherwise."""
+    def prepare(self, spec: ModelSpec) -> Backend | None:
+        """Create the model's container without starting it (binds no port,
+        holds no GPU): the part of a start that may overlap a stop. None when
+        its image is not here yet (the load pulls it, telling its progress).
+        Raises BackendError like start()."""
         try:
-            return self._start(spec, on_progress)
+            if not self._has_image(spec):
+                return None
+            return self._create(spec)
+        except DockerUnavailable as e:
+            raise BackendError(spec.id, f"could not create its container: {e}",
+                               kind="docker_unreachable") from None
+
+    def start(self, spec: ModelSpec, on_progress: Progress | None = None,
+              prepared: Backend | None = None) -> Backend:
+        """Start the model's container (the `prepared` one, else a new one) and
+        return once it is healthy, telling `on_progress` twice a second how it
+        goes. Any other running backend of this stack is removed first.
+        Raises BackendError (DockerUnavailable becomes one of kind
+        docker_unreachable); the container is removed on failure when the
+        engine answers (else it is left to the driver's sweep or adoption)."""
+        try:
+            return self._start(spec, on_progress, prepared)
         except DockerUnavailable as e:
             raise BackendError(spec.id, f"could not start it: {e}",
                                kind="docker_unreachable") from None
 
-    def _start(self, spec: ModelSpec, on_progress: Progress | None) -> Backend:
-        self.remove_all()               # never two: whatever of ours exists goes first
+    def _create(self, spec: ModelSpec) -> Backend:
         self._ensure_image(spec)
         name = self.container_name(spec.id)
         try:
             with _engine():
-                container = self.client.containers.run(detach=True,
-                                                       **self._create_args(spec, name))
+                container = self.client.containers.create(**self._create_args(spec, name))
         except docker.errors.APIError as e:
             self._remove_quietly(name)
             raise BackendError(spec.id, _docker_cause(spec, e, self.settings)) from None
-        backend = Backend(spec.id, container.id, name, self._url(spec, name))
+        return Backend(spec.id, container.id, name, self._url(spec, name))
+
+    def _start(self, spec: ModelSpec, on_progress: Progress | None,
+               prepared: Backend | None) -> Backend:
+        backend = prepared or self._create(spec)
         try:
-            self._wait_ready(spec, container, backend, on_progress)
+            self._remove_running(but=backend.container_id)      # never two
+            self._start_container(spec, backend)
+            self._wait_ready(spec, backend, on_progress)
         except BaseException:
             try:
-                self._remove_quietly(container.id)
+                self._remove_quietly(backend.container_id)
             except DockerUnavailable:
                 pass
             raise
         return backend
+
+    def _start_container(self, spec: ModelSpec, backend: Backend) -> None:
+        """`docker start`. The engine marks a container stopped (and `docker
+        stop` returns) just before it releases that container's network, so
+        the published port of the one stopped a moment ago may still be held:
+        a port conflict is tried again for up to PORT_WAIT_SECONDS."""
+        deadline = time.monotonic() + PORT_WAIT_SECONDS
+        while True:
+            try:
+                with _engine():
+                    self.client.api.start(backend.container_id)
+                return
+            except docker.errors.APIError as e:
+                text = str(e).lower()
+                busy = "port is already allocated" in text or "address already in use" in text
+                if not busy or time.monotonic() >= deadline:
+                    raise BackendError(spec.id, _docker_cause(spec, e, self.settings),
+                                       self._tail(backend.container_id)) from None
+            time.sleep(0.05)
+
+    def _remove_running(self, but: str) -> None:
+        """Remove every running backend of this stack but `but` (none should run
+        when the driver starts one: this is the last guard of the invariant)."""
+        with _engine():
+            running = self.client.api.containers(
+                quiet=True, filters={**self.labels_filter, "status": "running"})
+        for c in running:
+            if c["Id"] != but:
+                log.error("backend container %s still runs: removing it before starting "
+                          "another", c["Id"][:12])
+                self.remove(c["Id"])
 
     def _create_args(self, spec: ModelSpec, name: str) -> dict:
         s = self.settings
@@ -285,15 +371,19 @@ class DockerRuntime:
             source = os.path.expanduser(source)
         return source + sep + rest
 
-    def _ensure_image(self, spec: ModelSpec) -> None:
+    def _has_image(self, spec: ModelSpec) -> bool:
         try:
             with _engine():
                 self.client.images.get(spec.image)
-            return
+            return True
         except docker.errors.ImageNotFound:
-            pass
+            return False
         except docker.errors.APIError as e:
             raise BackendError(spec.id, f"cannot inspect image '{spec.image}': {e}") from None
+
+    def _ensure_image(self, spec: ModelSpec) -> None:
+        if self._has_image(spec):
+            return
         if not self.settings.pull_images:
             raise BackendError(spec.id, f"image '{spec.image}' is not present and PULL_IMAGES=0")
         repo, tag = docker.utils.parse_repository_tag(spec.image)
@@ -311,10 +401,13 @@ class DockerRuntime:
             raise BackendError(spec.id, f"could not pull image '{spec.image}': {e}") from None
         log.info("model %s: pulled %s", spec.id, spec.image)
 
-    def _wait_ready(self, spec: ModelSpec, container, backend: Backend,
+    def _wait_ready(self, spec: ModelSpec, backend: Backend,
                     on_progress: Progress | None = None) -> None:
         """Ready = container running AND HTTP health 200 (llama.cpp answers 503
-        while loading; vLLM refuses connections until ready)."""
+        while loading; vLLM refuses connections until ready). Health is polled
+        every HEALTH_INTERVAL for the first FAST_POLL_SECONDS (a small model is
+        ready in well under a second), then every SLOW_POLL_INTERVAL (a vLLM
+        cold start takes minutes)."""
         s = self.settings
         started = time.monotonic()
         deadline = started + spec.start_timeout
@@ -326,9 +419,10 @@ class DockerRuntime:
                 next_inspect = now + 0.5
                 running, reason = self.state(backend)
                 if not running:
-                    raise BackendError(spec.id, f"failed to start: {reason}", self._tail(container))
+                    raise BackendError(spec.id, f"failed to start: {reason}",
+                                       self._tail(backend.container_id))
                 if on_progress is not None and now - started >= 1.0:
-                    lines = self._tail(container, 1).strip().splitlines()
+                    lines = self._tail(backend.container_id, 1).strip().splitlines()
                     on_progress(now - started, lines[-1][:200] if lines else "")
             try:
                 r = self._http.get(url, timeout=(1.0, 2.0))
@@ -341,58 +435,82 @@ class DockerRuntime:
                 raise BackendError(
                     spec.id,
                     f"not healthy within its start timeout of {spec.start_timeout:g} s "
-                    f"({url} never answered 200)", self._tail(container), kind="load_timeout")
-            time.sleep(s.health_interval)
+                    f"({url} never answered 200)", self._tail(backend.container_id),
+                    kind="load_timeout")
+            fast = time.monotonic() - started < FAST_POLL_SECONDS
+            time.sleep(s.health_interval if fast else max(s.health_interval, SLOW_POLL_INTERVAL))
 
     # ------------------------------------------------------------------- stop
-    def stop(self, backend_or_model: Backend | str, timeout: float | None = None) -> None:
-        """Graceful stop (SIGTERM, then SIGKILL after the timeout), then remove;
-        returns once the container is gone."""
+    def stop(self, backend_or_model: Backend | str, timeout: float | None = None) -> list[str]:
+        """Graceful stop (SIGTERM, then SIGKILL after the timeout) of the
+        backend, or of every container of the model; returns once none of them
+        runs, with the ids of the stopped containers (still to be removed: a
+        stopped container holds no GPU and no port). One that would not stop
+        is removed by force. Raises DockerUnavailable (or APIError) when it
+        cannot be sure."""
         if isinstance(backend_or_model, Backend):
-            target, model = backend_or_model.container_id, backend_or_model.model
+            ids, model = [backend_or_model.container_id], backend_or_model.model
         else:
             model = backend_or_model
-            c = self._find(model)
-            if c is None:
-                return
-            target = c.id
+            ids = [c.id for c in self.containers() if c.labels.get(LABEL_MODEL) == model]
         spec = self.registry.models.get(model)
         t = timeout if timeout is not None else (spec.stop_timeout if spec else 10)
-        try:
-            with _engine():
-                self.client.api.stop(target, timeout=int(max(t, 0)))
-        except docker.errors.NotFound:
-            return
-        except docker.errors.APIError as e:
-            log.warning("stopping %s: %s (removing it by force)", target, e)
-        self._remove_quietly(target)
+        stopped = []
+        for cid in ids:
+            try:
+                with _engine():
+                    self.client.api.stop(cid, timeout=int(max(t, 0)))
+            except docker.errors.NotFound:
+                continue
+            except docker.errors.APIError as e:
+                log.warning("stopping %s: %s (removing it by force)", cid[:12], e)
+                self.remove(cid)
+                continue
+            stopped.append(cid)
+        return stopped
 
-    def _remove_quietly(self, name_or_id: str) -> None:
-        """Remove a container; returns once it is gone (removal is synchronous in
-        the engine, unless another removal of it was already under way)."""
+    def remove(self, container_id: str) -> None:
+        """Remove a container (by force); returns once it is gone (removal is
+        synchronous in the engine, unless another removal of it was already
+        under way). Raises DockerUnavailable or APIError when it is not gone."""
         try:
             with _engine():
-                self.client.api.remove_container(name_or_id, force=True)
+                self.client.api.remove_container(container_id, force=True)
             return
         except docker.errors.NotFound:
             return
         except docker.errors.APIError as e:
             if "already in progress" not in str(e):
-                log.warning("removing %s: %s", name_or_id, e)
+                raise
         for _ in range(100):
             try:
                 with _engine():
-                    self.client.api.inspect_container(name_or_id)
+                    self.client.api.inspect_container(container_id)
             except docker.errors.NotFound:
                 return
             time.sleep(0.1)
+        raise docker.errors.APIError(f"container {container_id[:12]} is still being removed")
 
-    def remove_all(self) -> int:
-        """Remove every container of this stack. Returns how many there were."""
-        found = self.containers()
+    def _remove_quietly(self, name_or_id: str) -> None:
+        """remove(), logging an engine's refusal (DockerUnavailable still raises)."""
+        try:
+            self.remove(name_or_id)
+        except docker.errors.APIError as e:
+            log.warning("removing %s: %s", name_or_id, e)
+
+    def remove_all(self, keep: Collection[str] = ()) -> int:
+        """Remove every container of this stack but those in `keep`. Returns how
+        many it removed; raises (after trying them all) if one would not go."""
+        found = [c for c in self.containers() if c.id not in keep]
+        error: Exception | None = None
         for c in found:
             log.info("removing backend container %s (%s)", c.name, c.status)
-            self._remove_quietly(c.id)
+            try:
+                self.remove(c.id)
+            except Exception as e:
+                error = error or e
+        if error is not None:
+            raise error
         return len(found)
 
     # ------------------------------------------------------------------ adopt

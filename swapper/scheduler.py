@@ -6,7 +6,9 @@ takes the actions this decides (`next_action()`: load a model, stop the
 resident one) one at a time, performs them, and reports back (`load_done`,
 `stop_done`, `crashed`). Because exactly one driver performs actions serially,
 and a load is only ever decided when nothing is resident, two backends can
-never run at once.
+never run at once. A stop names the model that waits first
+(`Action.next_model`), so the driver may prepare that load (create its
+container) while it stops.
 
 Policy
 - Requests for the resident (ready) model are admitted up to its slot count;
@@ -80,6 +82,10 @@ class Action:
     model: str
     epoch: int
     delay: float = 0.0              # backoff before a load, seconds
+    # On a stop: the model that waits first (likely the next load), so the
+    # driver can create its container while this one stops. A hint only: the
+    # next load action is what counts.
+    next_model: str | None = None
 
 
 class Scheduler:
@@ -333,7 +339,8 @@ class Scheduler:
     def _start_stop(self) -> None:
         model = self.model
         self._set_phase(STOPPING, model)
-        self._post(Action("stop", model, self.epoch))
+        waiting = next((t.model for t in self._queue if t.model is not None), None)
+        self._post(Action("stop", model, self.epoch, next_model=waiting))
 
     def _finish_unloads(self) -> None:
         while self._queue and self._queue[0].model is None:

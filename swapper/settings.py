@@ -32,7 +32,7 @@ class Settings:
     # (the Docker daemon needs host paths, also when the swapper runs in a container).
     host_dir: str = setting(str(_REPO_BACKENDS.parent), env="HOST_DIR")
     connect_timeout: float = setting(10.0, env="CONNECT_TIMEOUT", min=0.001)
-    health_interval: float = setting(0.025, env="HEALTH_INTERVAL", min=0.001)
+    health_interval: float = setting(0.01, env="HEALTH_INTERVAL", min=0.001)
     watch_interval: float = setting(1.0, env="WATCH_INTERVAL", min=0.01)
     backoff_base: float = setting(2.0, env="CRASH_BACKOFF", min=0)
     backoff_max: float = setting(60.0, env="CRASH_BACKOFF_MAX", min=0)

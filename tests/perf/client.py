@@ -67,7 +67,7 @@ class EventCounter:
         self.tail = b""
         self.keep_times = keep_times
         self.content_times: list[float] = []
-        self.first = None        # time of the first complete event
+        self.first = None        # time of the first complete data event
         self.last = None
 
     def feed(self, data: bytes, now: float) -> None:
@@ -81,7 +81,7 @@ class EventCounter:
         complete, self.tail = joined[:cut + 2], joined[cut + 2:]
         if not self.keep_times and len(self.tail) > 1:
             self.tail = self.tail[-1:]
-        if self.first is None:
+        if self.first is None and b"data:" in complete:   # not a waiting stream's comment
             self.first = now
         self.last = now
         self.events += complete.count(b"\n\n")

@@ -1,15 +1,23 @@
 """The swapper's Runtime interface in memory, for unit tests of the driver, the
 lease and the fan-out without Docker.
 
-Containers are records. A model may be given the URL of a real HTTP server
-(a scripted backend) that its "container" serves at; the engine can be taken
-down and brought back; starts and stops can be made to fail. Whatever it is
-asked to do is recorded in `calls`, and `peak` is the most containers that
-ever ran at once (the one-resident invariant).
+Containers are records: created, running or exited, until removed. A model
+may be given the URL of a real HTTP server (a scripted backend) that its
+"container" serves at. A container that exits (killed or stopped) is told to
+every `deaths()` stream, and those streams can be broken. The engine can be
+taken down and brought back; creates, starts, stops and removals can be made
+to fail, and a stop can be held open
+(`stop_gate`) to see what happens meanwhile. Whatever it is asked to do is
+recorded in `calls` (a stop twice: ("stop", m) when asked, ("stopped", m) when
+it returns), and `peak` is the most containers that ever ran at once (the
+one-resident invariant). Unlike Docker it does not remove a stray running
+container before a start: a driver that starts too early shows in `peak`.
 """
 from __future__ import annotations
 
 import itertools
+import queue
+import threading
 from dataclasses import dataclass
 
 from swapper.registry import ModelSpec
@@ -22,9 +30,13 @@ _ids = itertools.count(1)
 class Container:
     id: str
     model: str
-    running: bool = True
+    status: str = "running"       # created | running | exited
     reason: str = ""
     running_reports: int = 0      # how many more times state() says running after a kill
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
 
 
 class FakeRuntime:
@@ -32,10 +44,16 @@ class FakeRuntime:
         self.urls = urls or {}
         self.containers: dict[str, Container] = {}
         self.calls: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
         self.engine_up = True
+        self.create_errors: dict[str, BackendError | Exception] = {}
         self.start_errors: dict[str, BackendError | Exception] = {}
         self.stop_failures = 0        # the next n stops find the engine down
+        self.remove_failures = 0      # the next n removals find the engine down
+        self.stop_gate: threading.Event | None = None   # set: stops wait for it
         self.peak = 0
+        self.inspections = 0          # state() calls
+        self._subscribers: list[queue.Queue] = []       # deaths() streams
 
     # ------------------------------------------------------------- test levers
     def kill(self, model: str, reason: str = "its container exited with code 137",
@@ -43,55 +61,105 @@ class FakeRuntime:
         """The model's container dies; Docker may go on calling it running for
         `reported_running` more looks (it does, for a few milliseconds)."""
         for c in self.containers.values():
-            if c.model == model:
-                c.running, c.reason, c.running_reports = False, reason, reported_running
+            if c.model == model and c.running:
+                c.status, c.reason, c.running_reports = "exited", reason, reported_running
+                self._died(c.id)
+
+    def _died(self, container_id: str) -> None:
+        for q in list(self._subscribers):
+            q.put(container_id)
+
+    def break_events(self) -> None:
+        """Every deaths() stream fails (the engine restarts)."""
+        for q in list(self._subscribers):
+            q.put(DockerUnavailable("fake event stream broken"))
 
     def leave(self, model: str, running: bool = True) -> Container:
         """A container left by an earlier run (for adoption)."""
-        c = Container(f"c{next(_ids)}", model, running)
+        c = Container(f"c{next(_ids)}", model, "running" if running else "exited")
         self.containers[c.id] = c
         return c
 
     def running(self) -> list[Container]:
         return [c for c in self.containers.values() if c.running]
 
+    def _record(self, what: str, subject: str) -> None:
+        with self.lock:
+            self.calls.append((what, subject))
+
     # ----------------------------------------------------------- the interface
     def _engine(self) -> None:
         if not self.engine_up:
             raise DockerUnavailable("fake engine down")
 
+    def _backend(self, c: Container) -> Backend:
+        return Backend(c.model, c.id, f"fake-{c.model}-{c.id}",
+                       self.urls.get(c.model, f"http://fake-{c.model}"))
+
     def ping(self) -> bool:
         return self.engine_up
 
-    def start(self, spec: ModelSpec, on_progress=None) -> Backend:
-        self.calls.append(("start", spec.id))
-        if on_progress is not None:
-            on_progress(1.0, f"fake: loading {spec.id}")
+    def prepare(self, spec: ModelSpec) -> Backend:
+        self._record("prepare", spec.id)
+        return self._create(spec)
+
+    def _create(self, spec: ModelSpec) -> Backend:
         if not self.engine_up:
-            raise BackendError(spec.id, "could not start it: fake engine down",
+            raise BackendError(spec.id, "could not create its container: fake engine down",
                                kind="docker_unreachable")
-        self.remove_all()
-        err = self.start_errors.get(spec.id)
+        err = self.create_errors.get(spec.id)
         if err is not None:
             raise err
-        c = Container(f"c{next(_ids)}", spec.id)
+        c = Container(f"c{next(_ids)}", spec.id, "created")
         self.containers[c.id] = c
-        self.peak = max(self.peak, len(self.running()))
-        return Backend(spec.id, c.id, f"fake-{spec.id}",
-                       self.urls.get(spec.id, f"http://fake-{spec.id}"))
+        return self._backend(c)
 
-    def stop(self, backend_or_model) -> None:
+    def start(self, spec: ModelSpec, on_progress=None, prepared: Backend | None = None) -> Backend:
+        self._record("start", spec.id)
+        if on_progress is not None:
+            on_progress(1.0, f"fake: loading {spec.id}")
+        backend = prepared or self._create(spec)
+        if not self.engine_up:          # what it made stays (the engine cannot remove it)
+            raise BackendError(spec.id, "could not start it: fake engine down",
+                               kind="docker_unreachable")
+        err = self.start_errors.get(spec.id)
+        if err is not None:             # Docker's runtime removes what failed
+            del self.containers[backend.container_id]
+            raise err
+        self.containers[backend.container_id].status = "running"
+        self.peak = max(self.peak, len(self.running()))
+        return backend
+
+    def stop(self, backend_or_model) -> list[str]:
         target = getattr(backend_or_model, "container_id", backend_or_model)
-        self.calls.append(("stop", getattr(backend_or_model, "model", backend_or_model)))
+        model = getattr(backend_or_model, "model", backend_or_model)
+        self._record("stop", model)
+        if self.stop_gate is not None:
+            self.stop_gate.wait(10)
         if self.stop_failures:
             self.stop_failures -= 1
             raise DockerUnavailable("fake engine down")
         self._engine()
+        stopped = []
         for cid, c in list(self.containers.items()):
             if cid == target or c.model == target:
-                del self.containers[cid]
+                if c.running:
+                    c.status, c.reason = "exited", "its container exited with code 0"
+                    self._died(cid)
+                stopped.append(cid)
+        self._record("stopped", model)
+        return stopped
+
+    def remove(self, container_id: str) -> None:
+        self._record("remove", container_id)
+        if self.remove_failures:
+            self.remove_failures -= 1
+            raise DockerUnavailable("fake engine down")
+        self._engine()
+        self.containers.pop(container_id, None)
 
     def state(self, backend: Backend) -> tuple[bool, str]:
+        self.inspections += 1
         self._engine()
         c = self.containers.get(backend.container_id)
         if c is None:
@@ -100,6 +168,22 @@ class FakeRuntime:
             c.running_reports -= 1
             return True, ""
         return c.running, c.reason
+
+    def deaths(self):
+        self._engine()
+        q: queue.Queue = queue.Queue()
+        self._subscribers.append(q)
+
+        def stream():
+            try:
+                while True:
+                    item = q.get()
+                    if isinstance(item, Exception):
+                        raise item
+                    yield item
+            finally:
+                self._subscribers.remove(q)
+        return stream()
 
     def logs(self, model_id: str, tail: int | None = None) -> str:
         return f"fake log of {model_id}"
@@ -112,14 +196,15 @@ class FakeRuntime:
         keep = None
         for cid, c in list(self.containers.items()):
             if keep is None and c.running:
-                keep = Backend(c.model, cid, f"fake-{c.model}",
-                               self.urls.get(c.model, f"http://fake-{c.model}"))
+                keep = self._backend(c)
             else:
                 del self.containers[cid]
         return keep
 
-    def remove_all(self) -> int:
+    def remove_all(self, keep=()) -> int:
+        self._record("remove_all", ",".join(keep))
         self._engine()
-        n = len(self.containers)
-        self.containers.clear()
-        return n
+        gone = [cid for cid in self.containers if cid not in keep]
+        for cid in gone:
+            del self.containers[cid]
+        return len(gone)

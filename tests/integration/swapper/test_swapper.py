@@ -124,8 +124,11 @@ def test_swap_between_models_keeps_one_resident(swapper, invariant, docker_clien
     assert chat(swapper.url, "b").status_code == 200
     assert running(swapper)["model"] == "tiny-b"
     assert chat(swapper.url, "a").status_code == 200
-    models = [c.labels["org.coding-stack.model"] for c in stack_containers(docker_client, swapper.stack)]
-    assert models == ["tiny-a"]
+
+    def models():                       # b's stopped container is removed after a's load
+        return [c.labels["org.coding-stack.model"]
+                for c in stack_containers(docker_client, swapper.stack)]
+    wait_for(lambda: models() == ["tiny-a"], 10, "only tiny-a's container left", 0.05)
     assert invariant.seen_models[-3:] == ["tiny-a", "tiny-b", "tiny-a"]
 
 
@@ -200,6 +203,16 @@ def test_crash_is_noticed_and_the_next_request_restarts(swapper, docker_client):
     assert r.status_code == 200, r.text
     (c2,) = stack_containers(docker_client, swapper.stack)
     assert c2.id != c.id
+
+
+def test_a_crash_is_noticed_from_dockers_events_not_by_polling(docker_client):
+    with SwapperProcess(WATCH_INTERVAL="300") as sw:       # the watch never polls here
+        assert requests.post(sw.url + "/load/a", timeout=180).status_code == 200
+        (c,) = stack_containers(docker_client, sw.stack)
+        c.kill()
+        wait_for(lambda: running(sw)["model"] is None, 20, "crash noticed", 0.05)
+        assert metric(sw, "swapper_crashes_total", model="tiny-a") == 1
+        assert stack_containers(docker_client, sw.stack) == []
 
 
 def test_client_disconnect_stops_generation(swapper):

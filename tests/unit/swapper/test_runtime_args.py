@@ -1,11 +1,16 @@
 """What the Docker runtime asks the engine for, without an engine: the client
-is made on first use, so building the arguments needs none."""
+is made on first use, so building the arguments needs none; the start call
+against a stand-in engine API."""
 from types import SimpleNamespace
 
+import docker.errors
 import docker.types
+import pytest
 
+import swapper.runtime as runtime_module
 from swapper.registry import ModelSpec
-from swapper.runtime import LABEL_MODEL, LABEL_ROLE, LABEL_STACK, DockerRuntime
+from swapper.runtime import (LABEL_MODEL, LABEL_ROLE, LABEL_STACK, Backend, BackendError,
+                             DockerRuntime)
 from swapper.settings import Settings
 
 
@@ -62,3 +67,51 @@ def test_network_shm_ipc_and_healthcheck():
 def test_no_engine_needed_to_build_a_runtime():
     rt = DockerRuntime(Settings(), SimpleNamespace(models={}))
     assert rt._client is None
+
+
+class StartAPI:
+    """The engine's start call, failing with the given errors first."""
+
+    def __init__(self, *errors):
+        self.errors = list(errors)
+        self.starts = 0
+
+    def start(self, container_id):
+        self.starts += 1
+        if self.errors:
+            raise self.errors.pop(0)
+
+    def logs(self, container_id, tail=None):
+        return b"last line"
+
+
+def started(api: StartAPI):
+    rt = runtime()
+    rt._client = SimpleNamespace(api=api)
+    rt._start_container(spec(), Backend("m", "cid", "st-backend-m-1", "http://x"))
+
+
+PORT_BUSY = docker.errors.APIError(
+    "driver failed programming external connectivity: Bind for 127.0.0.1:18080 failed: "
+    "port is already allocated")
+
+
+def test_start_waits_for_the_port_of_the_container_stopped_just_before():
+    api = StartAPI(PORT_BUSY, PORT_BUSY)
+    started(api)
+    assert api.starts == 3
+
+
+def test_a_port_that_stays_taken_is_the_clear_error(monkeypatch):
+    monkeypatch.setattr(runtime_module, "PORT_WAIT_SECONDS", 0.2)
+    api = StartAPI(*[PORT_BUSY] * 100)
+    with pytest.raises(BackendError, match="host port 127.0.0.1:18080 is already in use"):
+        started(api)
+    assert 2 <= api.starts < 100
+
+
+def test_other_start_errors_are_not_retried():
+    api = StartAPI(docker.errors.APIError("could not select device driver nvidia"))
+    with pytest.raises(BackendError, match="last line"):
+        started(api)
+    assert api.starts == 1

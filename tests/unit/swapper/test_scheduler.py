@@ -294,3 +294,22 @@ def test_random_interleavings_never_overlap_and_answer_everyone():
     d.join(5)
     assert len(served) == 200
     assert peak[0] == 1
+
+
+def test_a_stop_names_the_model_that_waits_first():
+    """The driver creates that model's container while the old one stops."""
+    s = make()
+    a = s.submit("a")
+    step(s)
+    u = s.submit(None)                      # an unload first: nothing to load for it
+    b = s.submit("b")
+    s.release(a)
+    stop = s.next_action(timeout=0)
+    assert (stop.kind, stop.model, stop.next_model) == ("stop", "a", "b")
+    s.stop_done()
+    assert u.state == "done" and s.next_action(timeout=0).model == "b"
+    s.load_done(s.epoch, backend="backend-b")
+    assert b.state == "admitted"
+    s.release(b)
+    s.submit(None)
+    assert s.next_action(timeout=0).next_model is None   # a plain unload
