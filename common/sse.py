@@ -74,6 +74,12 @@ class Parser:
         self._buf = buf[end:]
         return buf[:end]
 
+    def pending(self) -> bytes:
+        """The bytes of an incomplete event held for the next read, handed back
+        as they are (for a caller that passes the rest of the stream through)."""
+        pending, self._buf = self._buf, b""
+        return pending
+
     def feed(self, chunk: bytes) -> list[Event]:
         return events(self.take(chunk))
 

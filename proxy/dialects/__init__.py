@@ -13,7 +13,7 @@ from typing import Any
 from flask import Response, g
 
 from common import guard
-from common.streaming import forward_headers, relay
+from common.streaming import forward_headers, iter_upstream, relay
 
 from ..search.engine import Searcher
 from . import anthropic, responses, translate
@@ -75,6 +75,9 @@ def handle(d: _Dialect, ext: dict, request) -> Response:
                        headers=forward_headers(request.headers), stream=stream,
                        chat_only=chat_only, environ=request.environ)
     if stream and r.status_code == 200:
+        if d is MESSAGES and not isinstance(r, translate.Translated):    # native
+            return relay(r, body=anthropic.with_message_start(iter_upstream(r),
+                                                              body.get("model")))
         return relay(r)
     content = r.content
     r.close()

@@ -15,11 +15,12 @@ import base64
 import concurrent.futures as cf
 import copy
 import json
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import requests
 from flask import Response
 
+from common import sse
 from common.errors import ApiError
 from common.streaming import NO_BUFFERING
 
@@ -238,6 +239,39 @@ def _stop_reason(turn: Turn) -> str:
 
 
 # ================================================================= non-streaming
+
+def with_message_start(chunks: Iterable[bytes], model) -> Iterator[bytes]:
+    """A natively answered Messages stream, made to begin with message_start.
+
+    llama-server now and then leaves it out of a short stream (its first tokens
+    reach the stream writer together with the final result; seen 2 in 11 runs
+    of tests/integration/test_metrics.py), and the Anthropic SDK, Claude Code's,
+    refuses a stream whose first event is not message_start. Comments (the
+    swapper's `: loading model` lines) pass at once; once the first event with
+    data has been seen, the rest passes untouched."""
+    parser = sse.Parser()
+    chunks = iter(chunks)
+    for chunk in chunks:
+        events = sse.split(parser.take(chunk))
+        for i, raw in enumerate(events):
+            ev = sse.parse_event(raw)
+            if ev is None or ev.data is None:
+                continue                          # a comment or a blank line
+            head = b"".join(events[:i])
+            if ev.name != "message_start" and '"message_start"' not in ev.data[:64]:
+                head += event("message_start", {"type": "message_start", "message": {
+                    "id": new_id("msg_"), "type": "message", "role": "assistant",
+                    "model": model, "content": [], "stop_reason": None,
+                    "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}})
+            yield head + b"".join(events[i:]) + parser.pending()
+            yield from chunks
+            return
+        if events:
+            yield b"".join(events)
+    tail = parser.pending()
+    if tail:
+        yield tail
+
 
 def run_nonstream(s: MessagesSession) -> Response:
     content: list[dict] = []

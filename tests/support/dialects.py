@@ -38,6 +38,8 @@ class ScriptedDialects(ScriptedChat):
         self.llama_style = False
         # end dialect streams cleanly after this many events (a truncated answer)
         self.truncate_after: int | None = None
+        # leave message_start out of Messages streams, as llama-server now and then does
+        self.omit_message_start = False
         super().__init__(*a, **kw)
 
     def _next(self, body: dict):
@@ -115,6 +117,8 @@ class ScriptedDialects(ScriptedChat):
             "id": mid, "type": "message", "role": "assistant", "model": self.model,
             "content": [], "stop_reason": None, "stop_sequence": None,
             "usage": {"input_tokens": 10, "output_tokens": 1}}})]
+        if self.omit_message_start:
+            out.pop()
         out.append(_sse("ping", {"type": "ping"}))
         for i, b in enumerate(self._blocks(r, mid)):
             if b["type"] == "thinking":

@@ -357,6 +357,21 @@ def test_plain_request_bytes_unchanged(proxy, chat, path):
     assert "hi back" in r.text
 
 
+def test_a_native_stream_without_message_start_gets_one(proxy, chat):
+    """llama-server now and then leaves message_start out of a short stream; the
+    anthropic SDK (Claude Code's) refuses a stream that does not begin with it."""
+    chat.omit_message_start = True
+    chat.script(Reply(content="hello there"), Reply(content="again"))
+    with client(proxy).messages.stream(model="scripted-model", max_tokens=64,
+                                       messages=USER) as s:
+        msg = s.get_final_message()
+    assert msg.content[0].text == "hello there" and msg.model == "scripted-model"
+    chat.omit_message_start = False      # one that has it is passed as it came
+    evs = raw_events(proxy, {"tools": []})
+    assert [n for n, _ in evs].count("message_start") == 1 and evs[0][0] == "message_start"
+    assert evs[0][1]["message"]["usage"]["input_tokens"] == 10
+
+
 def test_stream_that_ends_early_is_an_error_not_an_answer(proxy, chat, searx):
     chat.truncate_after = 6             # text deltas went out, no message_delta
     chat.script(Reply(content="half an answer"))

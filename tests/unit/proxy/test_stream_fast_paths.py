@@ -322,3 +322,39 @@ def test_plain_is_strict():
               chunk({"reasoning": "r"}), text("a")[0].replace(b"\n\n", b"\n: c\n\n"),
               sse.emit({"choices": []}), text("a")[0] + b"\n", b"\n" + text("a")[0]):
         assert not loop._plain(e), e
+
+
+# ------------------------------------------------ native Messages: message_start first
+
+def _native(with_start: bool) -> bytes:
+    start = (b'event: message_start\ndata: {"type":"message_start","message":{"id":"m1",'
+             b'"usage":{"input_tokens":7,"output_tokens":1}}}\n\n')
+    rest = (b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+            b'"content_block":{"type":"text","text":""}}\n\n'
+            b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+            b'"delta":{"type":"text_delta","text":"hi"}}\n\n'
+            b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    return b": loading model m (1 s)\n\n" + (start if with_start else b"") + rest
+
+
+@pytest.mark.parametrize("with_start", [True, False])
+def test_a_native_messages_stream_begins_with_message_start_however_it_is_cut(with_start):
+    from proxy.dialects.anthropic import with_message_start
+    whole = _native(with_start)
+    for cut in range(1, len(whole)):
+        out = b"".join(with_message_start([whole[:cut], whole[cut:]], "m"))
+        evs = [e for e in sse.events(out) if e.data is not None]
+        assert [e.name for e in evs][:2] == ["message_start", "content_block_start"], cut
+        assert out.startswith(b": loading model m (1 s)\n\n")
+        if with_start:
+            assert out == whole, cut            # nothing to add: the bytes as they came
+        else:
+            assert json.loads(evs[0].data)["message"]["model"] == "m"
+            assert out.endswith(whole[len(b": loading model m (1 s)\n\n"):])
+
+
+def test_comments_before_the_first_event_pass_at_once():
+    from proxy.dialects.anthropic import with_message_start
+    gen = with_message_start(iter([b": loading model m (1 s)\n\n", b": loading model m (2 s)\n\n"]), "m")
+    assert next(gen) == b": loading model m (1 s)\n\n"
+    assert next(gen) == b": loading model m (2 s)\n\n"
