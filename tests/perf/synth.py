@@ -128,7 +128,9 @@ class Handler(socketserver.StreamRequestHandler):
                 return self.send("400 Bad Request", "application/json",
                                  b'{"error":{"message":"bad json","type":"invalid_request_error",'
                                  b'"code":"bad_json"}}', close)
-            n = int(req.get("max_tokens") or 16)
+            # n_predict first, as llama-server takes it (the stack raises max_tokens
+            # to its tool floor when it injects web_search)
+            n = int(req.get("n_predict") or req.get("max_tokens") or 16)
             if req.get("stream"):
                 self.stream(n, float(req.get("perf_interval_ms") or 0) / 1000.0)
                 return False           # like llama-server: close after a stream
