@@ -75,7 +75,7 @@ def handle(d: _Dialect, ext: dict, request) -> Response:
                        headers=forward_headers(request.headers), stream=stream,
                        chat_only=chat_only, environ=request.environ)
     if stream and r.status_code == 200:
-        if d is MESSAGES and not isinstance(r, translate.Translated):    # native
+        if d is MESSAGES:
             return relay(r, body=anthropic.with_message_start(iter_upstream(r),
                                                               body.get("model")))
         return relay(r)

@@ -22,7 +22,7 @@ from flask import Response
 
 from common import sse
 from common.errors import ApiError
-from common.streaming import NO_BUFFERING
+from common.streaming import NO_BUFFERING, iter_body
 
 from ..search import engine
 from ..search.engine import Search, Step, Turn, cited, decide, new_id
@@ -134,6 +134,10 @@ class MessagesSession(DialectSession):
         tc = body.get("tool_choice")
         self.forced = isinstance(tc, dict) and tc.get("type") in ("tool", "any")
 
+    def batches(self, resp):
+        """The backend's events, beginning with message_start (with_message_start)."""
+        return sse.json_batches(with_message_start(iter_body(resp), self.body.get("model")))
+
     def round_body(self, stream: bool) -> dict:
         b = {k: v for k, v in self.body.items() if k not in ("tools", "messages")}
         b["messages"] = self.messages
@@ -241,14 +245,16 @@ def _stop_reason(turn: Turn) -> str:
 # ================================================================= non-streaming
 
 def with_message_start(chunks: Iterable[bytes], model) -> Iterator[bytes]:
-    """A natively answered Messages stream, made to begin with message_start.
+    """A Messages stream from the backend, made to begin with message_start
+    (relayed as it is, or read by the web_search rounds).
 
     llama-server now and then leaves it out of a short stream (its first tokens
     reach the stream writer together with the final result; seen 2 in 11 runs
     of tests/integration/test_metrics.py), and the Anthropic SDK, Claude Code's,
-    refuses a stream whose first event is not message_start. Comments (the
-    swapper's `: loading model` lines) pass at once; once the first event with
-    data has been seen, the rest passes untouched."""
+    builds its message from message_start: without it first, the answer fails
+    or comes out empty. A stream that begins with an error stays as it is.
+    Comments (the swapper's `: loading model` lines) pass at once; once the
+    first event with data has been seen, the rest passes untouched."""
     parser = sse.Parser()
     chunks = iter(chunks)
     for chunk in chunks:
@@ -258,7 +264,11 @@ def with_message_start(chunks: Iterable[bytes], model) -> Iterator[bytes]:
             if ev is None or ev.data is None:
                 continue                          # a comment or a blank line
             head = b"".join(events[:i])
-            if ev.name != "message_start" and '"message_start"' not in ev.data[:64]:
+            try:                                  # one parse per stream: its first event
+                kind = ev.name or json.loads(ev.data).get("type")
+            except (ValueError, AttributeError):
+                kind = None
+            if kind not in ("message_start", "error"):
                 head += event("message_start", {"type": "message_start", "message": {
                     "id": new_id("msg_"), "type": "message", "role": "assistant",
                     "model": model, "content": [], "stop_reason": None,
@@ -499,11 +509,6 @@ def run_stream(s: MessagesSession, first: requests.Response) -> Iterator[bytes]:
             if step is Step.EXHAUSTED:
                 yield _error_event(s.searcher.exhausted_message(), 502)
                 return
-            if not started:
-                yield event("message_start", {"type": "message_start", "message": {
-                    "id": new_id("msg_"), "type": "message", "role": "assistant",
-                    "model": s.body.get("model"), "content": [], "stop_reason": None,
-                    "stop_sequence": None, "usage": _usage(s, inp, 0)}})
             yield event("message_delta", {
                 "type": "message_delta",
                 "delta": {"stop_reason": _stop_reason(turn),

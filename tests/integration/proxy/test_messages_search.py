@@ -372,6 +372,17 @@ def test_a_native_stream_without_message_start_gets_one(proxy, chat):
     assert evs[0][1]["message"]["usage"]["input_tokens"] == 10
 
 
+def test_a_search_stream_without_message_start_gets_one_first(proxy, chat, searx):
+    """The same llama-server gap when the proxy runs the web_search rounds."""
+    chat.omit_message_start = True
+    chat.script(Reply(tool_calls=[search("flask 3.1")]), Reply(content="It changed."),
+                Reply(content="Again."))
+    msg = ask(proxy, True)
+    assert kinds(msg)[-1] == "text" and msg.content[-1].text.startswith("It changed.")
+    evs = raw_events(proxy, {})
+    assert evs[0][0] == "message_start"
+
+
 def test_stream_that_ends_early_is_an_error_not_an_answer(proxy, chat, searx):
     chat.truncate_after = 6             # text deltas went out, no message_delta
     chat.script(Reply(content="half an answer"))

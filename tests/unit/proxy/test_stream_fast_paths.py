@@ -358,3 +358,10 @@ def test_comments_before_the_first_event_pass_at_once():
     gen = with_message_start(iter([b": loading model m (1 s)\n\n", b": loading model m (2 s)\n\n"]), "m")
     assert next(gen) == b": loading model m (1 s)\n\n"
     assert next(gen) == b": loading model m (2 s)\n\n"
+
+
+def test_a_stream_that_begins_with_an_error_stays_as_it_is():
+    from proxy.dialects.anthropic import with_message_start
+    err = (b'event: error\ndata: {"type":"error","error":{"type":"api_error",'
+           b'"message":"boom"}}\n\n')
+    assert b"".join(with_message_start([err], "m")) == err
