@@ -121,6 +121,11 @@ def cpu_seconds(leader: int) -> float:
     return total / 1e9
 
 
+def cpu_of(services: dict[str, int]) -> dict[str, float]:
+    """cpu_seconds() of each service (name -> its leader's pid)."""
+    return {svc: cpu_seconds(pid) for svc, pid in services.items()}
+
+
 def memory_mb(leader: int) -> dict:
     """PSS of the whole group (shared pages counted once) and the largest RSS."""
     pss = rss_max = 0
@@ -237,9 +242,9 @@ def real_workloads(paths: dict[str, str], leaders: dict[str, dict[str, int]], a)
 
     def decode(k):
         time.sleep(a.gap)
-        before = {svc: cpu_seconds(pid) for svc, pid in leaders[k].items()}
+        before = cpu_of(leaders[k])
         r = client.stream(paths[k], decode_body, keep_times=True)
-        after = {svc: cpu_seconds(pid) for svc, pid in leaders[k].items()}
+        after = cpu_of(leaders[k])
         auth_headers_ok(r["status"], f"{k} decode")
         t = r["content_times"]
         for svc in before:
@@ -317,9 +322,9 @@ def hop(paths: dict[str, str], leaders: dict[str, dict[str, int]], a) -> dict:
                 sessions[k].post("/v1/chat/completions", body)
         for order in rotations(names, a.hop_rounds):
             for k in order:
-                before = {svc: cpu_seconds(pid) for svc, pid in leaders[k].items()}
+                before = cpu_of(leaders[k])
                 st, resp, dt = sessions[k].post("/v1/chat/completions", body)
-                after = {svc: cpu_seconds(pid) for svc, pid in leaders[k].items()}
+                after = cpu_of(leaders[k])
                 auth_headers_ok(st, f"{k} hop {label}", resp)
                 lat[k].append(dt)
                 for svc in before:
@@ -345,9 +350,9 @@ def synth_throughput(paths: dict[str, str], leaders: dict[str, dict[str, int]], 
             client.stream(paths[k], chat("synth", 2000, True))
     for order in rotations(names, a.synth_rounds):
         for k in order:
-            before = {svc: cpu_seconds(pid) for svc, pid in leaders[k].items()}
+            before = cpu_of(leaders[k])
             r = client.stream(paths[k], body)
-            after = {svc: cpu_seconds(pid) for svc, pid in leaders[k].items()}
+            after = cpu_of(leaders[k])
             auth_headers_ok(r["status"], f"{k} synth stream")
             if r["events"] < a.chunks:
                 short.setdefault(k, []).append(r["events"])
