@@ -79,8 +79,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     def healthz():
         up = {"url": settings.BACKEND_URL}
         try:
-            r = upstream.session.get(settings.BACKEND_URL + "/healthz",
-                                     timeout=(1.0, 1.5))
+            r = upstream.client.request("GET", settings.BACKEND_URL + "/healthz",
+                                        timeout=(1.0, 1.5))
+            r.content
             up["http_status"] = r.status_code
             up["status"] = "ok" if r.status_code == 200 else "unhealthy"
             try:

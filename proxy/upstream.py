@@ -2,8 +2,8 @@
 
 Connect timeout short, read timeout unbounded (cold starts and long generations).
 Connection failures become a 502 in the OpenAI envelope naming the URL.
-Forwarding goes through common.streaming.pooled_request: a requests.Response for
-callers, at about half of requests' per-call CPU.
+Requests go through common.http1: a requests.Response for callers, at a
+quarter of requests' per-call CPU.
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import time
 
 import requests
 
-from common.disconnect import ClientGone, call_watching_client, new_session
+from common.disconnect import ClientGone, call_watching_client
 from common.failures import classify, failure, not_reached, reason
-from common.streaming import pooled_request
+from common.http1 import Client
 
 log = logging.getLogger("proxy.upstream")
 
@@ -27,7 +27,7 @@ class Upstream:
         self.connect_timeout = connect_timeout
         # The proxy's own API key is for its door: never sent on upstream.
         self._strip = frozenset({"authorization", "x-api-key"}) if api_key else frozenset()
-        self.session = new_session(pool_size)
+        self.client = Client(pool_size)
 
     def request(self, method: str, path: str, *, query: str = "", headers=None, data=None,
                 stream: bool = True, read_timeout: float | None = None,
@@ -49,19 +49,19 @@ class Upstream:
             headers = {k: v for k, v in headers.items() if k.lower() not in self._strip}
         timeout = (self.connect_timeout, read_timeout)
 
-        def send(session: requests.Session) -> requests.Response:
-            r = pooled_request(session, method, url, headers=headers, data=data,
-                               timeout=timeout)
+        def send(fresh: bool) -> requests.Response:
+            r = self.client.request(method, url, headers=headers, body=data, timeout=timeout,
+                                    fresh=fresh)
             if read_body or not stream:
                 r.content
             return r
 
         for attempt in (1, 2):
-            session = self.session if attempt == 1 else new_session(1)
+            fresh = attempt > 1         # a new connection: the pooled one may be stale
             try:
                 if environ is None:
-                    return send(session)
-                return call_watching_client(lambda: send(session), environ)
+                    return send(fresh)
+                return call_watching_client(lambda: send(fresh), environ)
             except ClientGone:
                 raise failure("client_gone", "client disconnected before the answer") from None
             except requests.RequestException as e:
@@ -72,9 +72,6 @@ class Upstream:
                 cause = classify(e)
                 raise failure(cause, f"upstream {self.base_url} "
                                      f"{_WHAT.get(cause, 'failed')}: {reason(e)} ({url})") from e
-            finally:
-                if attempt == 2:
-                    session.close()
         raise AssertionError("unreachable")
 
 
@@ -110,11 +107,15 @@ class ModelCatalog:
 
     def _fetch(self) -> dict[str, dict]:
         try:
-            r = self.upstream.session.get(self.upstream.base_url + "/v1/models",
-                                          timeout=(min(self.upstream.connect_timeout, 2.0), 5.0))
-            if r.status_code != 200:
-                return {}
-            entries = r.json().get("data") or []
+            r = self.upstream.client.request(
+                "GET", self.upstream.base_url + "/v1/models",
+                timeout=(min(self.upstream.connect_timeout, 2.0), 5.0))
+            try:
+                if r.status_code != 200:
+                    return {}
+                entries = r.json().get("data") or []
+            finally:
+                r.close()
         except Exception as e:  # noqa: BLE001 - never fail a chat request over this
             log.debug("could not fetch /v1/models: %s", e)
             return {}

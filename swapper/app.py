@@ -246,8 +246,8 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
 def _health_status(sw: Parts, lease: Lease, spec: ModelSpec) -> int | None:
     """The HTTP status of the loaded backend's health path (None: no answer)."""
     try:
-        r = sw.forwarder.session.get(sw.forwarder.url(lease, spec.health_path, ""),
-                                     timeout=(sw.settings.connect_timeout, 10))
+        r = sw.forwarder.client.request("GET", sw.forwarder.url(lease, spec.health_path, ""),
+                                        timeout=(sw.settings.connect_timeout, 10))
         r.close()
         return r.status_code
     except Exception:  # noqa: BLE001 - reported as null, the load itself succeeded

@@ -19,12 +19,12 @@ import logging
 import requests
 from flask import Response
 
-from common.disconnect import ClientGone, call_watching_client, new_session
+from common.disconnect import ClientGone, call_watching_client
 from common.errors import ApiError, error_body
 from common.failures import classify, failure, not_reached, reason, status_of
+from common.http1 import Client
 from common.sse import comment, emit, error_event
-from common.streaming import (NO_BUFFERING, answer_headers, forward_headers, iter_upstream,
-                              pooled_request)
+from common.streaming import NO_BUFFERING, answer_headers, forward_headers, iter_upstream
 
 from .lease import Admission, Lease, waiting_for
 from .settings import Settings
@@ -36,7 +36,7 @@ class Forwarder:
     def __init__(self, admission: Admission, settings: Settings):
         self.admission = admission
         self.settings = settings
-        self.session = new_session(128, fresh_after_stream=True)
+        self.client = Client(128, fresh_after_stream=True)
 
     @staticmethod
     def url(lease: Lease, path: str, query: str) -> str:
@@ -128,16 +128,9 @@ class Forwarder:
         raise AssertionError("unreachable")
 
     def _send(self, method: str, url: str, body, headers: dict, fresh: bool) -> requests.Response:
-        timeout = (self.settings.connect_timeout, None)
-        if not fresh:
-            return pooled_request(self.session, method, url, headers=headers, data=body,
-                                  timeout=timeout)
-        # A new connection, closed after this answer: the pooled one may be stale.
-        s = new_session(1, fresh_after_stream=True)
-        r = pooled_request(s, method, url, headers={**headers, "Connection": "close"},
-                           data=body, timeout=timeout)
-        s.close()       # the answer keeps its own connection until it is read
-        return r
+        # fresh: a new connection, closed after this answer (the pooled one may be stale).
+        return self.client.request(method, url, headers=headers, body=body,
+                                   timeout=(self.settings.connect_timeout, None), fresh=fresh)
 
 
 class LeasedBody:

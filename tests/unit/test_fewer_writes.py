@@ -13,8 +13,8 @@ from gunicorn.config import Config
 from gunicorn.http import wsgi as gunicorn_wsgi
 
 from common import serve
-from common.disconnect import new_session
-from common.streaming import answer_headers, pooled_request
+from common.http1 import Client, Connection
+from common.streaming import answer_headers
 
 
 class RecordingSocket:
@@ -105,15 +105,12 @@ def test_a_request_with_a_body_leaves_in_one_send():
 
     t = threading.Thread(target=serve_one, daemon=True)
     t.start()
-    session = new_session(1)
-    url = f"http://127.0.0.1:{srv.getsockname()[1]}"
-    pool = session.get_adapter(url).poolmanager.connection_from_url(url)
-    conn = pool._get_conn()
-    conn.connect()
-    conn.sock = recorder = RecordingSocket(conn.sock)
-    pool._put_conn(conn)
+    client = Client(1)
+    port = srv.getsockname()[1]
+    sock = socket.create_connection(("127.0.0.1", port))
+    client.release(Connection(recorder := RecordingSocket(sock), ("127.0.0.1", port)))
     body = b'{"model": "m", "messages": []}'
-    r = pooled_request(session, "POST", url + "/v1/chat/completions", data=body,
+    r = client.request("POST", f"http://127.0.0.1:{port}/v1/chat/completions", body=body,
                        headers={"Content-Type": "application/json"})
     assert r.status_code == 200 and r.content == b"{}"
     t.join(5)

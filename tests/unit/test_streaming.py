@@ -8,6 +8,7 @@ import threading
 
 import requests
 
+from common.http1 import Client
 from common.streaming import iter_upstream
 
 EVENT = b'data: {"choices":[{"delta":{"content":" tok"}}]}\n\n'
@@ -63,10 +64,17 @@ class ChunkedServer:
         self.sock.close()
 
 
-def session():
-    s = requests.Session()
-    s.trust_env = False
-    return s
+class session:
+    """requests' verbs on a common.http1 client."""
+
+    def __init__(self):
+        self.client = Client(4)
+
+    def get(self, url):
+        return self.client.request("GET", url)
+
+    def head(self, url):
+        return self.client.request("HEAD", url)
 
 
 def test_a_burst_of_chunks_is_relayed_in_few_pieces_and_the_connection_reused():
@@ -75,13 +83,13 @@ def test_a_burst_of_chunks_is_relayed_in_few_pieces_and_the_connection_reused():
     srv = ChunkedServer([[burst], [HEAD + framed(b"second") + b"0\r\n\r\n"]])
     s = session()
     try:
-        r = s.get(srv.url + "/a", stream=True)
+        r = s.get(srv.url + "/a")
         pieces = list(iter_upstream(r))
         assert b"".join(pieces) == body
         # One piece per read of what had arrived, not one per HTTP chunk (500).
         assert len(pieces) <= 50, len(pieces)
         r.close()
-        r2 = s.get(srv.url + "/b", stream=True)
+        r2 = s.get(srv.url + "/b")
         assert b"".join(iter_upstream(r2)) == b"second"
         assert srv.connections == 1              # the pooled connection served both
     finally:
@@ -95,10 +103,10 @@ def test_framing_split_anywhere_and_trailers():
                          [HEAD + framed(b"again") + b"0\r\n\r\n"]])
     s = session()
     try:
-        r = s.get(srv.url + "/a", stream=True)
+        r = s.get(srv.url + "/a")
         assert b"".join(iter_upstream(r)) == b"hello world"
         r.close()
-        r2 = s.get(srv.url + "/b", stream=True)     # trailers fully consumed
+        r2 = s.get(srv.url + "/b")     # trailers fully consumed
         assert b"".join(iter_upstream(r2)) == b"again"
         assert srv.connections == 1
     finally:
@@ -110,7 +118,7 @@ def test_a_body_that_breaks_off_calls_on_break_and_on_close():
     s = session()
     seen = {}
     try:
-        r = s.get(srv.url + "/a", stream=True)
+        r = s.get(srv.url + "/a")
 
         def on_break(e):
             seen["break"] = e
@@ -125,36 +133,36 @@ def test_a_body_that_breaks_off_calls_on_break_and_on_close():
         srv.close()
 
 
-def test_a_body_with_a_length_goes_through_requests():
+def test_a_body_with_a_length_is_read_to_its_end():
     data = b"x" * 1000
     srv = ChunkedServer([[b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + data]])
     s = session()
     try:
-        r = s.get(srv.url + "/a", stream=True)
+        r = s.get(srv.url + "/a")
         assert b"".join(iter_upstream(r)) == data
     finally:
         srv.close()
 
 
-def test_pooled_request_answers_like_requests_and_raises_its_errors():
-    from common.streaming import pooled_request
+def test_an_answer_is_a_requests_response_and_errors_are_requests_errors():
     from tests.support.servers import free_port
     srv = ChunkedServer([[HEAD.replace(b"200 OK", b"201 Created") + framed(b"ok") + b"0\r\n\r\n"]])
-    s = session()
+    c = Client(1)
     try:
-        r = pooled_request(s, "POST", srv.url + "/v1/x?a=1", headers={"X-Test": "1"},
-                           data=b"{}", timeout=(5, 5))
+        r = c.request("POST", srv.url + "/v1/x?a=1", headers={"X-Test": "1"}, body=b"{}",
+                      timeout=(5, 5))
         assert isinstance(r, requests.Response)
         assert r.status_code == 201 and r.headers["content-type"] == "text/event-stream"
-        assert r.url == srv.url + "/v1/x?a=1"
+        assert r.url == srv.url + "/v1/x?a=1" and r.reason == "Created"
         head = srv.seen[0].decode()
         assert head.startswith("POST /v1/x?a=1 HTTP/1.1\r\n") and "X-Test: 1" in head
+        assert "Content-Length: 2" in head
         assert b"".join(iter_upstream(r)) == b"ok"
     finally:
         srv.close()
     dead = f"http://127.0.0.1:{free_port()}/v1/x"
     try:
-        pooled_request(s, "GET", dead, timeout=(5, 5))
+        c.request("GET", dead, timeout=(5, 5))
         raise AssertionError("no error")
     except requests.exceptions.ConnectionError as e:
         assert "Connection refused" in str(e)
@@ -165,9 +173,9 @@ def test_a_head_answer_with_chunked_headers_has_no_body_to_wait_for():
     srv = ChunkedServer([[HEAD], [HEAD + framed(b"after") + b"0\r\n\r\n"]])
     s = session()
     try:
-        r = s.head(srv.url + "/a", stream=True)
+        r = s.head(srv.url + "/a")
         assert b"".join(iter_upstream(r)) == b""
-        r2 = s.get(srv.url + "/b", stream=True)
+        r2 = s.get(srv.url + "/b")
         assert b"".join(iter_upstream(r2)) == b"after"
     finally:
         srv.close()

@@ -1,0 +1,248 @@
+"""common.http1 against scripted socket servers: framing, reuse and its limits,
+and each failure raised as the requests error common.failures classifies."""
+from __future__ import annotations
+
+import gzip
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from common.failures import classify, not_reached
+from common.http1 import BadAnswer, BrokenBody, Client, waiting
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+class Scripted:
+    """Answers the requests on each connection with the next scripted answers
+    (bytes sent as they are; a list: pieces, each sent on its own; None: hang
+    up; a float: pause that long). Records request heads and bodies."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.heads: list[bytes] = []
+        self.bodies: list[bytes] = []
+        self.connections = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
+
+    def _conn(self, conn):
+        with conn:
+            buf = b""
+            while self.answers:
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                while len(buf) < length:
+                    buf += conn.recv(65536)
+                self.heads.append(head)
+                self.bodies.append(buf[:length])
+                buf = buf[length:]
+                answer = self.answers.pop(0)
+                if answer is None:
+                    return
+                for piece in answer if isinstance(answer, list) else [answer]:
+                    if piece is None:
+                        return
+                    if isinstance(piece, float):
+                        time.sleep(piece)
+                        continue
+                    conn.sendall(piece)
+                    time.sleep(0.01)
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def scripted():
+    servers = []
+
+    def make(*answers):
+        servers.append(Scripted(*answers))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def test_the_request_head_is_ours_and_the_body_framed(scripted):
+    srv = scripted(OK)
+    r = Client().request("POST", srv.url + "/v1/x", body="é", headers={
+        "Content-Type": "application/json", "Host": "evil", "Content-Length": "99",
+        "Transfer-Encoding": "chunked", "Accept-Encoding": "gzip", "Connection": "upgrade"})
+    assert r.content == b"ok"
+    head = srv.heads[0].decode("latin-1").split("\r\n")
+    assert head[0] == "POST /v1/x HTTP/1.1"
+    assert head[1] == f"Host: {srv.url[7:]}"
+    fields = {line.split(": ")[0].lower(): line.split(": ")[1] for line in head[1:]}
+    assert fields == {"host": srv.url[7:], "content-type": "application/json",
+                      "content-length": "2", "accept-encoding": "identity"}
+    assert srv.bodies == ["é".encode()]
+
+
+def test_a_post_without_a_body_says_its_length_is_zero(scripted):
+    srv = scripted(OK)
+    Client().request("POST", srv.url + "/load").close()
+    assert b"Content-Length: 0" in srv.heads[0]
+
+
+def test_header_injection_is_refused():
+    for headers in ({"X-A": "1\r\nX-Evil: 1"}, {"X-A\nB": "1"}, {"X:A": "1"}):
+        with pytest.raises(requests.exceptions.InvalidHeader):
+            Client().request("GET", "http://127.0.0.1:9/", headers=headers)
+
+
+def test_a_complete_answer_frees_its_connection_for_the_next(scripted):
+    srv = scripted(OK, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
+                   OK)
+    c = Client()
+    assert [c.request("GET", srv.url + "/").content for _ in range(3)] == [b"ok", b"hi", b"ok"]
+    assert srv.connections == 1
+
+
+def test_an_answer_left_unread_closes_its_connection(scripted):
+    srv = scripted(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345", OK)
+    c = Client()
+    r = c.request("GET", srv.url + "/")
+    r.close()                                       # half read: not reusable
+    assert c.request("GET", srv.url + "/").content == b"ok"
+    assert srv.connections == 2
+
+
+def test_connection_close_http10_and_unframed_answers_are_not_reused(scripted):
+    srv = scripted(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+                   b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    srv2 = scripted([b"HTTP/1.1 200 OK\r\n\r\nuntil ", b"the end", None])
+    c = Client()
+    assert c.request("GET", srv.url + "/").content == b"ok"
+    assert not c._idle.get(("127.0.0.1", int(srv.url.rsplit(":", 1)[1])))
+    assert c.request("GET", srv2.url + "/").content == b"until the end"
+    assert not any(c._idle.values())
+
+
+def test_a_fresh_request_asks_to_close_and_is_not_pooled(scripted):
+    srv = scripted(OK)
+    c = Client()
+    assert c.request("GET", srv.url + "/", fresh=True).content == b"ok"
+    assert b"Connection: close" in srv.heads[0]
+    assert not any(c._idle.values())
+
+
+def test_a_pooled_connection_the_server_closed_is_not_used(scripted):
+    srv = scripted([OK, None], OK)                 # the server hangs up after one answer
+    c = Client()
+    assert c.request("GET", srv.url + "/").content == b"ok"
+    time.sleep(0.1)
+    assert c.request("GET", srv.url + "/").content == b"ok"
+    assert srv.connections == 2
+
+
+def test_a_streamed_answer_spends_its_connection_when_asked(scripted):
+    sse = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 6\r\n\r\ndata:1"
+    srv = scripted(sse, sse)
+    plain, spending = Client(), Client(fresh_after_stream=True)
+    assert plain.request("GET", srv.url + "/").content == b"data:1"
+    assert any(plain._idle.values())
+    assert spending.request("GET", srv.url + "/").content == b"data:1"
+    assert not any(spending._idle.values())
+
+
+def test_interim_answers_are_skipped_and_head_answers_have_no_body(scripted):
+    srv = scripted(b"HTTP/1.1 100 Continue\r\n\r\n" + OK,
+                   b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", b"HTTP/1.1 204 No\r\n\r\n", OK)
+    c = Client()
+    assert c.request("POST", srv.url + "/", body=b"x").content == b"ok"
+    assert c.request("HEAD", srv.url + "/").content == b""
+    assert c.request("DELETE", srv.url + "/").status_code == 204
+    assert c.request("GET", srv.url + "/").content == b"ok"
+    assert srv.connections == 1
+
+
+def test_repeated_fields_are_joined_and_folded_lines_unfolded(scripted):
+    srv = scripted(b"HTTP/1.1 200 OK\r\nX-A: 1\r\nx-a: 2\r\nX-F: one\r\n two\r\n"
+                   b"Content-Length: 0\r\n\r\n")
+    r = Client().request("GET", srv.url + "/")
+    assert r.headers["X-A"] == "1, 2" and r.headers["x-f"] == "one two"
+    assert list(r.headers) == ["X-A", "X-F", "Content-Length"]
+
+
+def test_a_coded_body_is_decoded(scripted):
+    data = gzip.compress(b'{"ok": true}')
+    srv = scripted(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+                   % len(data) + data,
+                   b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\nx")
+    c = Client()
+    assert c.request("GET", srv.url + "/").json() == {"ok": True}
+    with pytest.raises(BadAnswer, match="br"):
+        c.request("GET", srv.url + "/")
+
+
+@pytest.mark.parametrize("answer,cause", [
+    (None, "closed_early"),                                         # hung up, no answer
+    (b"SSH-2.0-OpenSSH\r\n\r\n", "upstream_failed"),                # not HTTP
+    ([b"HTTP/1.1 200 OK\r\nContent-Le", None], "upstream_failed"),  # cut mid-head
+    (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "upstream_failed"),
+])
+def test_a_failed_answer_is_a_requests_error_of_its_cause(scripted, answer, cause):
+    srv = scripted(answer)
+    with pytest.raises(requests.RequestException) as e:
+        Client().request("GET", srv.url + "/")
+    assert classify(e.value) == cause
+    assert not_reached(e.value) == (cause == "closed_early")
+    assert not waiting
+
+
+@pytest.mark.parametrize("answer", [
+    [b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345", None],
+    [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n12345\r\n", None],
+    [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"],
+    [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n12345\r\n0\r\n\r\n"],
+])
+def test_a_body_that_breaks_off_is_broken(scripted, answer):
+    srv = scripted(answer)
+    r = Client().request("GET", srv.url + "/")
+    with pytest.raises(BrokenBody) as e:
+        r.content
+    assert classify(e.value) == "broke_off"
+
+
+def test_timeouts(scripted, monkeypatch):
+    srv = scripted([b"HTTP/1.1 200 OK\r\n", 1.0])     # a head that does not end in time
+    with pytest.raises(requests.exceptions.ReadTimeout) as e:
+        Client().request("GET", srv.url + "/", timeout=(5, 0.2))
+    assert classify(e.value) == "timeout"
+
+    def slow_connect(address, timeout=None):
+        raise socket.timeout("timed out")
+
+    monkeypatch.setattr(socket, "create_connection", slow_connect)
+    with pytest.raises(requests.exceptions.ConnectTimeout) as e:
+        Client().request("GET", srv.url + "/", timeout=(0.2, None))
+    assert classify(e.value) == "timeout" and not not_reached(e.value)
+
+
+def test_only_plain_http_urls():
+    with pytest.raises(requests.exceptions.InvalidURL):
+        Client().request("GET", "https://example.com/")
