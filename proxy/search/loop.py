@@ -168,12 +168,13 @@ def run_nonstream(s: SearchSession) -> Response:
             if r.status_code != 200:
                 return _passthrough(r)      # the upstream's envelope, untouched
             try:
-                obj = r.json()
+                obj = guard.answer_json(r.content)
                 choice = obj["choices"][0]
                 msg = choice["message"]
             except (ValueError, KeyError, IndexError, TypeError):
                 raise ApiError(f"upstream returned an unexpected chat response: "
                                f"{r.content[:200]!r}", 502, code="bad_upstream_response")
+            first_round = s.searcher.rounds == 0
             s.usage = _usage_add(s.usage, obj.get("usage"))
             turn = turn_of(msg, choice.get("finish_reason"))
             step = decide(turn, s.searcher.budget_left)
@@ -183,10 +184,12 @@ def run_nonstream(s: SearchSession) -> Response:
                 s.record(turn, rkey, s.searcher.run(turn.ours))
                 continue
             if step is Step.EXHAUSTED:
-                return Response(json.dumps(s.exhausted_error()), status=502,
+                return Response(guard.dumps(s.exhausted_error()), status=502,
                                 mimetype="application/json")
             # final: an answer, client tool calls (ours dropped)
+            changed = False
             if turn.ours:
+                changed = True
                 theirs = [c for c in msg["tool_calls"] if _tool_name(c) != TOOL_NAME]
                 if theirs:
                     msg["tool_calls"] = theirs
@@ -197,11 +200,14 @@ def run_nonstream(s: SearchSession) -> Response:
             if not turn.theirs and s.settings.SEARCH_SOURCES:
                 block = s.searcher.sources.block(msg.get("content"))
                 if block:
+                    changed = True
                     msg["content"] = (msg.get("content") or "") + block
-            normalize.normalize_completion(obj)
-            if s.usage:
+            changed |= bool(normalize.normalize_completion(obj))
+            if s.usage and not first_round:         # the rounds' usage, summed
+                changed = True
                 obj["usage"] = {**(obj.get("usage") or {}), **s.usage}
-            return Response(json.dumps(obj, ensure_ascii=False), status=200,
+            # An answer of one round that needs no change leaves as the backend sent it.
+            return Response(guard.dumps(obj) if changed else r.content, status=200,
                             mimetype="application/json")
     finally:
         s.done()

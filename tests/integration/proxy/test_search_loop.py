@@ -269,3 +269,21 @@ def test_metrics_count_searches_and_rounds(proxy, chat):
     assert m.value("proxy_requests_total", route="/v1/chat/completions", method="POST",
                    status="200") == 1
     assert m.value("proxy_time_to_first_byte_seconds_count", route="/v1/chat/completions") == 1
+
+
+def test_an_answer_without_searches_leaves_as_the_backend_sent_it(proxy, chat, searx):
+    """One round, no search, nothing to mirror: the backend's bytes, not a
+    re-serialisation (the scripted backend escapes non-ASCII, as Flask does)."""
+    chat.script(Reply(content="café"))
+    r = requests.post(proxy + "/v1/chat/completions", timeout=60,
+                      json={"model": "scripted-model", "messages": USER})
+    assert r.status_code == 200
+    assert b'"content":"caf\\u00e9"' in r.content
+    assert r.json()["choices"][0]["message"]["content"] == "café"
+    # After a search round the answer is rebuilt (sources, summed usage).
+    chat.script(Reply(tool_calls=[search("q")]), Reply(content="café [1]"))
+    r = requests.post(proxy + "/v1/chat/completions", timeout=60,
+                      json={"model": "scripted-model", "messages": USER})
+    body = r.json()
+    assert body["choices"][0]["message"]["content"].startswith("café [1]\n\nSources:")
+    assert body["usage"] == {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30}
