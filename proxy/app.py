@@ -72,8 +72,9 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @app.after_request
     def _after(resp: Response):
-        resp = dialects.anthropic_errors(resp, request.path)
-        return metrics.observe(resp, request, g.get("t0"), g.get("model", NOT_READ))
+        req, ctx_g = request._get_current_object(), g._get_current_object()   # looked up once
+        resp = dialects.anthropic_errors(resp, req.path)
+        return metrics.observe(resp, req, ctx_g.get("t0"), ctx_g.get("model", NOT_READ))
 
     # ------------------------------------------------------------ own routes
 
