@@ -36,6 +36,9 @@ def unsafe_path(raw_path: str) -> str | None:
     """Why a raw request path (no query) is refused, or None when it is fine."""
     if "\\" in raw_path or "\x00" in raw_path:
         return "backslashes and NUL bytes are not allowed in a path"
+    if "%" not in raw_path and "/." not in raw_path and raw_path[:1] != ".":
+        # Nothing to decode, and no segment starts with a dot: none is "." or "..".
+        return None
     for seg in raw_path.split("/"):
         if not seg:
             continue
@@ -70,7 +73,8 @@ class RequestGuard:
         self.max_body = max_body
 
     def __call__(self, environ, start_response):
-        why = unsafe_path(raw_path(environ)) or unsafe_path(environ.get("PATH_INFO", ""))
+        raw, path = raw_path(environ), environ.get("PATH_INFO", "")
+        why = unsafe_path(raw) or (unsafe_path(path) if path != raw else None)
         if why is not None:
             resp = error_response(f"invalid request path: {why}", 400, code="invalid_path")
             return resp(environ, start_response)

@@ -90,6 +90,29 @@ def multiprocess_setup(workers: int) -> tuple[Callable[[int], None] | None, Call
     return child_exit, cleanup
 
 
+class Children:
+    """A labelled metric's children, each looked up in prometheus_client once.
+
+    `metric.labels(...)` stringifies its values, takes a lock and builds the
+    child's key on every call (~2 us each, several per request). The child for
+    given values never changes (nothing here removes one), so this keeps them:
+    `Children(counter)("a", "b").inc()` counts what `counter.labels("a", "b").inc()`
+    counts. The cache holds the same values prometheus_client already holds a
+    child for, so it is bounded where the label values are."""
+
+    __slots__ = ("metric", "_children")
+
+    def __init__(self, metric):
+        self.metric = metric
+        self._children: dict[tuple, object] = {}
+
+    def __call__(self, *values):
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*values)
+        return child
+
+
 class BoundedLabel:
     """Values of a label that comes from outside (a model name in an answer):
     the first `limit` distinct values pass, later ones become `other`, so a client

@@ -13,6 +13,7 @@ from common.errors import error_response, install_error_handlers
 from common.failures import reason
 from common import guard
 from common.guard import harden
+from common.lean import lean
 from common.streaming import forward_headers, iter_upstream, relay
 
 from . import dialects, normalize
@@ -34,6 +35,7 @@ def create_app(settings: Settings | None = None) -> Flask:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = Flask(__name__)
     harden(app, settings.MAX_BODY_BYTES)
+    lean(app)
     app.config["MAX_CONTENT_LENGTH"] = settings.MAX_BODY_BYTES
     install_error_handlers(app)
 
@@ -70,8 +72,9 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @app.after_request
     def _after(resp: Response):
-        resp = dialects.anthropic_errors(resp, request.path)
-        return metrics.observe(resp, request, g.get("t0"), g.get("model", NOT_READ))
+        req, ctx_g = request._get_current_object(), g._get_current_object()   # looked up once
+        resp = dialects.anthropic_errors(resp, req.path)
+        return metrics.observe(resp, req, ctx_g.get("t0"), ctx_g.get("model", NOT_READ))
 
     # ------------------------------------------------------------ own routes
 

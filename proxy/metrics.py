@@ -93,6 +93,14 @@ class Metrics:
         self._search_rounds = Histogram(
             "proxy_search_rounds", "Search rounds per chat request with web_search.",
             buckets=common.COUNT_BUCKETS, registry=r)
+        # The children each request writes, looked up once per label values.
+        self._requests_of = common.Children(self._requests)
+        self._duration_of = common.Children(self._duration)
+        self._first_byte_of = common.Children(self._first_byte)
+        self._first_token_of = common.Children(self._first_token)
+        self._prompt_tokens_of = common.Children(self._prompt_tokens)
+        self._completion_tokens_of = common.Children(self._completion_tokens)
+        self._decode_rate_of = common.Children(self._decode_rate)
 
     # ------------------------------------------------------------- requests
     def observe(self, resp, request, t0: float | None, model=NOT_READ):
@@ -101,7 +109,7 @@ class Metrics:
         model the request named (None: none), when its handler has read it; else
         it is read from the body at the end."""
         route = route_label(request.path)
-        self._requests.labels(route, request.method, str(resp.status_code)).inc()
+        self._requests_of(route, request.method, str(resp.status_code)).inc()
         if t0 is None:
             return resp
         answer = None
@@ -113,8 +121,8 @@ class Metrics:
             resp.response = self._follow(resp.response, route, t0, answer, is_sse)
             return resp
         now = time.perf_counter()
-        self._first_byte.labels(route).observe(now - t0)
-        self._duration.labels(route).observe(now - t0)
+        self._first_byte_of(route).observe(now - t0)
+        self._duration_of(route).observe(now - t0)
         if answer is not None:
             body = resp.get_data()
             if b'"usage"' in body or b'"timings"' in body:
@@ -134,7 +142,7 @@ class Metrics:
                 if chunk:
                     now = time.perf_counter()
                     if first:
-                        self._first_byte.labels(route).observe(now - t0)
+                        self._first_byte_of(route).observe(now - t0)
                         first = False
                     if parser is not None:
                         if clean and answer.first_data is not None and chunk.endswith(b"\n\n") \
@@ -161,7 +169,7 @@ class Metrics:
             close = getattr(inner, "close", None)
             if close is not None:
                 close()                       # the upstream first; then the bookkeeping
-            self._duration.labels(route).observe(time.perf_counter() - t0)
+            self._duration_of(route).observe(time.perf_counter() - t0)
             if answer is not None:
                 _safely(answer.done)
 
@@ -184,13 +192,13 @@ class Metrics:
         """What one answer said about its tokens (any of them may be unknown)."""
         label = model
         if prompt:
-            self._prompt_tokens.labels(label).inc(prompt)
+            self._prompt_tokens_of(label).inc(prompt)
         if completion:
-            self._completion_tokens.labels(label).inc(completion)
+            self._completion_tokens_of(label).inc(completion)
         if per_second:
-            self._decode_rate.labels(label).observe(per_second)
+            self._decode_rate_of(label).observe(per_second)
         if first_token is not None:
-            self._first_token.labels(label).observe(first_token)
+            self._first_token_of(label).observe(first_token)
 
     # ------------------------------------------------------------- search
     def search(self, failure_kind: str | None) -> None:

@@ -11,6 +11,7 @@ from flask import Flask, Response, jsonify, request, stream_with_context
 from common.errors import ApiError, install_error_handlers
 from common import guard
 from common.guard import harden
+from common.lean import lean
 from common.streaming import NO_BUFFERING
 
 from .driver import Driver
@@ -66,6 +67,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app = Flask("swapper")
     app.extensions["swapper"] = sw          # the parts, for tests and debugging
     harden(app)
+    lean(app)
     install_error_handlers(app)
 
     def resolve(name: str | None) -> ModelSpec:
@@ -207,16 +209,18 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
                                            "OPTIONS"])
     def v1(path: str):
-        if request.method == "OPTIONS":
+        req = request._get_current_object()      # the proxy's lookup, once per request
+        method = req.method
+        if method == "OPTIONS":
             allowed = intake.allowed_methods(path)
             if allowed is None:
                 intake.route_of(path, "OPTIONS")        # raises the 404
             return Response(status=204, headers={"Allow": ", ".join(allowed)})
-        body = request.get_data(cache=False)
-        req = intake.parse_v1(path, request.method, body)
-        spec = resolve(intake.target_model(req, request.method, path, sw.scheduler.model))
-        intake.require_vision(spec.id, spec.vision, req.route, req.payload)
-        payload = req.payload
+        body = req.get_data(cache=False)
+        parsed = intake.parse_v1(path, method, body)
+        spec = resolve(intake.target_model(parsed, method, path, sw.scheduler.model))
+        intake.require_vision(spec.id, spec.vision, parsed.route, parsed.payload)
+        payload = parsed.payload
         stream = payload is not None and payload.get("stream") is True
         if payload is not None:
             n = requested_n(payload, settings.max_n) if f"v1/{path}" in FANOUT_PATHS else 1
@@ -225,20 +229,21 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
                 payload["model"] = spec.id
                 body = guard.dumps(payload)
             if n > 1 and not serves_natively(spec, n):
-                return sw.fanout.run(spec, f"v1/{path}", request.query_string.decode(),
-                                     request.headers, payload, n, request.environ)
-        headers = request.headers
-        if payload is not None and request.mimetype != "application/json":
+                return sw.fanout.run(spec, f"v1/{path}", req.query_string.decode(),
+                                     req.headers, payload, n, req.environ)
+        headers = req.headers
+        if payload is not None and req.mimetype != "application/json":
             # A JSON body sent as a form (curl -d): tell the backend what it is.
             headers = {**dict(headers), "Content-Type": "application/json"}
-        return pass_through(spec, f"v1/{path}", body, headers, stream)
+        return pass_through(spec, f"v1/{path}", body, headers, stream, req)
 
     def pass_through(spec: ModelSpec, path: str, body: bytes, headers=None,
-                     stream: bool = False):
-        return sw.forwarder.forward(spec.id, request.method, path,
-                                    request.query_string.decode(),
-                                    request.headers if headers is None else headers,
-                                    body or None, request.environ, stream)
+                     stream: bool = False, req=None):
+        if req is None:
+            req = request._get_current_object()
+        return sw.forwarder.forward(spec.id, req.method, path, req.query_string.decode(),
+                                    req.headers if headers is None else headers,
+                                    body or None, req.environ, stream)
 
     return app
 

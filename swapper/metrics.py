@@ -54,6 +54,9 @@ class SwapperMetrics:
             buckets=common.LOAD_BUCKETS, registry=r)
         self._crashes = Counter(
             "swapper_crashes", "Backends found dead.", ("model",), registry=r)
+        # The children each request writes, looked up once per label values.
+        self._requests_of = common.Children(self._requests)
+        self._queue_wait_of = common.Children(self._queue_wait)
         self._lock = threading.Lock()
         self._last_stop: tuple[str, float, float] | None = None   # model, started, ended
         if snapshot is not None:
@@ -62,11 +65,11 @@ class SwapperMetrics:
     # ------------------------------------------------------------- requests
     def request_done(self, model: str, status: int | str) -> None:
         """An admitted request ended with this HTTP status (499: client went away)."""
-        self._requests.labels(model, str(status)).inc()
+        self._requests_of(model, str(status)).inc()
 
     def queued(self, model: str, seconds: float) -> None:
         """A request got its slot after waiting `seconds`."""
-        self._queue_wait.labels(model).observe(seconds)
+        self._queue_wait_of(model).observe(seconds)
 
     def rejected(self, reason: str) -> None:
         """A request was refused before admission (queue_full...)."""

@@ -99,3 +99,25 @@ def test_scheduler_gauges_read_the_snapshot():
     assert s.value("swapper_resident", model="a", phase="loading") == 1
     snap.update(model=None, state="idle", queued=0, in_flight=0)
     assert _scrape(SwapperMetrics(lambda: snap)).labels("swapper_resident", "model") == set()
+
+
+def test_request_series_children_are_looked_up_once(monkeypatch):
+    """labels() runs once per series, not on every request."""
+    from prometheus_client.metrics import MetricWrapperBase
+    looked_up = []
+    real = MetricWrapperBase.labels
+
+    def labels(self, *values, **kw):
+        looked_up.append((self._name, values))
+        return real(self, *values, **kw)
+
+    monkeypatch.setattr(MetricWrapperBase, "labels", labels)
+    m = SwapperMetrics()
+    for status in (200, 200, 502, 200):
+        m.queued("a", 0.5)
+        m.request_done("a", status)
+    assert len(looked_up) == len(set(looked_up))
+    s = _scrape(m)
+    assert s.value("swapper_requests_total", model="a", status="200") == 3
+    assert s.value("swapper_requests_total", model="a", status="502") == 1
+    assert s.value("swapper_queue_wait_seconds_count", model="a") == 4

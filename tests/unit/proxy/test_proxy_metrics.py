@@ -150,3 +150,26 @@ def test_a_bookkeeping_bug_never_breaks_the_answer(monkeypatch):
         assert resp.get_json() == {"usage": USAGE}
     s = Scrape(exposition(m.collectors).decode())
     assert s.value("proxy_requests_total", status="200") == 2
+
+
+def test_each_label_child_is_looked_up_once(monkeypatch):
+    """prometheus_client's labels() (a lock, str() of each value, a key built) runs
+    once per series, not on every request: the children are kept."""
+    from prometheus_client.metrics import MetricWrapperBase
+    looked_up = []
+    real = MetricWrapperBase.labels
+
+    def labels(self, *values, **kw):
+        looked_up.append((self._name, values))
+        return real(self, *values, **kw)
+
+    monkeypatch.setattr(MetricWrapperBase, "labels", labels)
+    m = Metrics()
+    answer = json.dumps({"model": "tiny", "usage": USAGE, "timings": TIMINGS}).encode()
+    for _ in range(3):
+        s = run(m, [answer], stream=False)
+        s = run(m, split_every(CHAT_STREAM, 7))
+    assert len(looked_up) == len(set(looked_up))
+    assert s.value("proxy_requests_total", route="/v1/chat/completions", status="200") == 6
+    assert s.value("proxy_prompt_tokens_total", model="tiny") == 6 * 33
+    assert s.value("proxy_request_duration_seconds_count", route="/v1/chat/completions") == 6
