@@ -13,7 +13,6 @@ from common.errors import error_response, install_error_handlers
 from common.failures import reason
 from common import guard
 from common.guard import harden
-from common.lean import lean
 from common.streaming import forward_headers, iter_upstream, relay
 
 from . import dialects, normalize
@@ -35,7 +34,6 @@ def create_app(settings: Settings | None = None) -> Flask:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = Flask(__name__)
     harden(app, settings.MAX_BODY_BYTES)
-    lean(app)
     app.config["MAX_CONTENT_LENGTH"] = settings.MAX_BODY_BYTES
     install_error_handlers(app)
 

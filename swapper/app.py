@@ -11,7 +11,6 @@ from flask import Flask, Response, jsonify, request, stream_with_context
 from common.errors import ApiError, install_error_handlers
 from common import guard
 from common.guard import harden
-from common.lean import lean
 from common.streaming import NO_BUFFERING
 
 from .driver import Driver
@@ -67,7 +66,6 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app = Flask("swapper")
     app.extensions["swapper"] = sw          # the parts, for tests and debugging
     harden(app)
-    lean(app)
     install_error_handlers(app)
 
     def resolve(name: str | None) -> ModelSpec:
