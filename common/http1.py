@@ -204,14 +204,48 @@ def _head(method: str, target: str, hostport: str, headers, body, fresh: bool) -
     return "".join(parts).encode("latin-1")
 
 
+# host -> (family, address): resolved once. Through gevent, getaddrinfo runs on
+# a thread pool (~100 us a call, an IP literal included), and inside Docker it
+# asks the engine's DNS. A backend's container name names that container for
+# its whole life; an address that refuses a connection is resolved again.
+_resolved: dict[str, tuple[int, tuple]] = {}
+
+
+def _address(host: str, port: int) -> tuple[int, tuple]:
+    hit = _resolved.get(host)
+    if hit is None:
+        for family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                socket.inet_pton(family, host)
+            except OSError:
+                continue
+            return family, (host, port)             # an IP literal: nothing to look up
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        hit = _resolved[host] = (family, addr[:1] + addr[2:])   # without its port
+    family, addr = hit
+    return family, (addr[0], port) + addr[1:]
+
+
 def _connect(key: tuple[str, int], timeout: float | None) -> Connection:
-    try:
-        sock = socket.create_connection(key, timeout=timeout)
-    except socket.timeout as e:
-        raise requests.exceptions.ConnectTimeout(
-            f"connecting to {key[0]}:{key[1]} timed out after {timeout} s") from e
-    except OSError as e:
-        raise requests.exceptions.ConnectionError(e) from None
+    host, port = key
+    for attempt in (1, 2):
+        try:
+            family, addr = _address(host, port)
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(timeout)
+                sock.connect(addr)
+            except BaseException:
+                sock.close()
+                raise
+            break
+        except socket.timeout as e:
+            raise requests.exceptions.ConnectTimeout(
+                f"connecting to {host}:{port} timed out after {timeout} s") from e
+        except OSError as e:
+            if attempt == 1 and _resolved.pop(host, None) is not None:
+                continue                    # an address from before: look it up again
+            raise requests.exceptions.ConnectionError(e) from None
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return Connection(sock, key)
 

@@ -48,18 +48,21 @@ class _Collect:
 
 
 class HeadWithBody(gunicorn_wsgi.Response):
-    """gunicorn's response, except that when the body's length is known
-    (Content-Length) the header block leaves with the body in one send()
-    instead of two. On loopback every send() runs the receiver's TCP path and
-    wakes it: a non-streaming answer passed through proxy and swapper cost one
-    wake-up more per hop. Streamed (chunked) answers keep sending their
-    headers at once: a client waiting on a long prompt or a model load sees
-    them before the first token."""
+    """gunicorn's response, except that the header block leaves in one send()
+    with the first body bytes: a known-length body (Content-Length) whole, a
+    streamed (chunked) one with its first chunk, instead of two sends. On
+    loopback every send() runs the receiver's TCP path and wakes it: an answer
+    passed through proxy and swapper cost one wake-up more per hop.
+
+    gunicorn sends a stream's headers at its first write anyway, so nothing
+    waits longer: an app that wants its headers out before it has a body
+    (a client waiting on a long prompt or a model load) writes b"", which
+    still sends them at once."""
 
     _head = b""
 
     def send_headers(self):
-        if self.headers_sent or self.chunked or not self.response_length:
+        if self.headers_sent or not (self.chunked or self.response_length):
             return super().send_headers()
         sock, self.sock = self.sock, _Collect()
         try:
@@ -67,15 +70,29 @@ class HeadWithBody(gunicorn_wsgi.Response):
         finally:
             self._head, self.sock = self.sock.data, sock
 
+    def write(self, arg):
+        super().write(arg)
+        if self._head and self.chunked:          # an empty write: the headers, now
+            self._flush_head()
+
     def _emit_body(self, data: bytes) -> None:
         head, self._head = self._head, b""
-        super()._emit_body(head + data if head else data)
+        if not head:
+            return super()._emit_body(data)
+        if self.chunked:
+            data = b"%X\r\n%s\r\n" % (len(data), data)
+        self.sock.sendall(head + data)
+
+    def _flush_head(self) -> None:
+        head, self._head = self._head, b""
+        if head:
+            self.sock.sendall(head)
 
     def close(self):
+        if not self.headers_sent:
+            self.send_headers()
+        self._flush_head()           # no body was written (HEAD, an app that wrote none)
         super().close()
-        head, self._head = self._head, b""
-        if head:                     # no body was written (HEAD, an app that wrote none)
-            self.sock.sendall(head)
         if self.response_length is not None and self.sent < self.response_length \
                 and not self._omits_body:
             # A relayed body that broke off short of its Content-Length: the

@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Iterator
 
 from prometheus_client import Counter, Histogram
 
+from common import guard
 from common import metrics as common
 from common import sse
 
@@ -241,7 +242,7 @@ class _Answer:
         raw = ev.raw
         if first or b'"usage"' in raw or b'"timings"' in raw:
             try:
-                obj = json.loads(ev.data)
+                obj = guard.answer_json(ev.data)
             except ValueError:
                 return
             self.read(obj)
@@ -251,7 +252,7 @@ class _Answer:
 
     def json(self, body: bytes) -> None:
         try:
-            obj = json.loads(body)
+            obj = guard.answer_json(body)
         except ValueError:
             return
         self.read(obj)

@@ -167,14 +167,18 @@ def run_nonstream(s: SearchSession) -> Response:
             r = s.call_model(stream=False)
             if r.status_code != 200:
                 return _passthrough(r)      # the upstream's envelope, untouched
+            raw = r.content
+            first_round = s.searcher.rounds == 0
+            if first_round and b'"tool_calls"' not in raw and b'"reasoning' not in raw:
+                # No call of ours or theirs, nothing to mirror: the answer as it came.
+                return Response(raw, status=200, mimetype="application/json")
             try:
-                obj = guard.answer_json(r.content)
+                obj = guard.answer_json(raw)
                 choice = obj["choices"][0]
                 msg = choice["message"]
             except (ValueError, KeyError, IndexError, TypeError):
                 raise ApiError(f"upstream returned an unexpected chat response: "
-                               f"{r.content[:200]!r}", 502, code="bad_upstream_response")
-            first_round = s.searcher.rounds == 0
+                               f"{raw[:200]!r}", 502, code="bad_upstream_response")
             s.usage = _usage_add(s.usage, obj.get("usage"))
             turn = turn_of(msg, choice.get("finish_reason"))
             step = decide(turn, s.searcher.budget_left)
@@ -331,7 +335,7 @@ def _relay_events(s: SearchSession, whole: bytes, rnd: _Round, head: dict,
         if ev.is_done:
             return True
         try:
-            obj = json.loads(ev.data)
+            obj = guard.answer_json(ev.data)
         except ValueError:
             continue
         if not isinstance(obj, dict):

@@ -65,14 +65,35 @@ def test_a_known_length_answer_leaves_in_one_send():
     assert body == b'{"ok": true'
 
 
-def test_a_streamed_answer_sends_its_headers_before_the_first_token():
+def test_a_streamed_answer_sends_its_headers_with_the_first_chunk():
     resp = serve.HeadWithBody(Req(), sock := RecordingSocket(), Config())
     resp.start_response("200 OK", [("Content-Type", "text/event-stream")])
-    resp.send_headers()                     # gunicorn's first write starts with this
+    resp.write(b"data: 1\n\n")
+    resp.write(b"data: 2\n\n")
+    resp.close()
+    head, _, first = sock.sends[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"Transfer-Encoding: chunked" in head
+    assert first == b"9\r\ndata: 1\n\n\r\n"
+    assert sock.sends[1:] == [b"9\r\ndata: 2\n\n\r\n", b"0\r\n\r\n"]
+
+
+def test_an_empty_write_sends_a_streams_headers_at_once():
+    """How an app gets its headers out before it has a body (a model load)."""
+    resp = serve.HeadWithBody(Req(), sock := RecordingSocket(), Config())
+    resp.start_response("200 OK", [("Content-Type", "text/event-stream")])
+    resp.write(b"")
     assert len(sock.sends) == 1 and sock.sends[0].endswith(b"\r\n\r\n")
     resp.write(b"data: 1\n\n")
     resp.close()
     assert sock.sends[1:] == [b"9\r\ndata: 1\n\n\r\n", b"0\r\n\r\n"]
+
+
+def test_a_stream_with_no_body_sends_its_headers_then_its_end():
+    resp = serve.HeadWithBody(Req(), sock := RecordingSocket(), Config())
+    resp.start_response("200 OK", [("Content-Type", "text/event-stream")])
+    resp.close()
+    assert len(sock.sends) == 2 and sock.sends[0].endswith(b"\r\n\r\n")
+    assert sock.sends[1] == b"0\r\n\r\n"
 
 
 def test_head_and_an_empty_body_still_send_the_header_block():

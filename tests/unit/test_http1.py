@@ -234,10 +234,10 @@ def test_timeouts(scripted, monkeypatch):
         Client().request("GET", srv.url + "/", timeout=(5, 0.2))
     assert classify(e.value) == "timeout"
 
-    def slow_connect(address, timeout=None):
+    def slow_connect(sock, address):
         raise socket.timeout("timed out")
 
-    monkeypatch.setattr(socket, "create_connection", slow_connect)
+    monkeypatch.setattr(socket.socket, "connect", slow_connect)
     with pytest.raises(requests.exceptions.ConnectTimeout) as e:
         Client().request("GET", srv.url + "/", timeout=(0.2, None))
     assert classify(e.value) == "timeout" and not not_reached(e.value)
@@ -246,3 +246,28 @@ def test_timeouts(scripted, monkeypatch):
 def test_only_plain_http_urls():
     with pytest.raises(requests.exceptions.InvalidURL):
         Client().request("GET", "https://example.com/")
+
+
+def test_a_name_is_looked_up_once_and_again_when_its_address_fails(scripted, monkeypatch):
+    from common import http1
+    srv, other = scripted(OK), scripted(OK)
+    looked_up = []
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        looked_up.append(host)
+        return real("127.0.0.1", port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(http1, "_resolved", {"backend-x": (socket.AF_INET, ("127.0.0.2",))})
+    port = srv.url.rsplit(":", 1)[1]
+    c = Client()
+    # The cached address refuses: the name is looked up again, once.
+    assert c.request("GET", f"http://backend-x:{port}/", fresh=True).content == b"ok"
+    assert looked_up == ["backend-x"]
+    assert c.request("GET", f"http://backend-x:{other.url.rsplit(':', 1)[1]}/",
+                     fresh=True).content == b"ok"
+    assert looked_up == ["backend-x"]               # the same name: no second look-up
+    with pytest.raises(requests.exceptions.ConnectionError):
+        c.request("GET", "http://127.0.0.1:9/")     # a literal refused: no look-up at all
+    assert looked_up == ["backend-x"]
