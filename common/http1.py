@@ -325,8 +325,8 @@ class Answer(requests.Response):
         te = headers.get("transfer-encoding")
         length = headers.get("content-length")
         conn_hdr = (headers.get("connection") or "").lower()
-        self._reusable = not fresh and "close" not in conn_hdr and \
-            (version != "HTTP/1.0" or "keep-alive" in conn_hdr)
+        self._reusable = not fresh and "close" not in conn_hdr and status != 101 and \
+            (version != "HTTP/1.0" or "keep-alive" in conn_hdr)     # 101: no longer HTTP
         if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
             self._framing, self._left = "none", 0
         elif te is not None and te.lower().rstrip().endswith("chunked"):

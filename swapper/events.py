@@ -23,10 +23,13 @@ class EventHub:
         self._lock = threading.Lock()
 
     def publish(self, event: str, fields: dict) -> None:
-        """A scheduler listener: stamp the event and hand it to every subscriber."""
-        item = {"event": event, "time": round(self._clock(), 3), **fields}
+        """A scheduler listener: stamp the event and hand it to every subscriber
+        (with none, as on every request's admission mostly: nothing to build)."""
+        if not self._subscribers:
+            return
         with self._lock:
             subscribers = list(self._subscribers)
+        item = {"event": event, "time": round(self._clock(), 3), **fields}
         for q in subscribers:
             try:
                 q.put_nowait(item)

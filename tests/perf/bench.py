@@ -581,7 +581,8 @@ def main() -> None:
     ap.add_argument("--litellm", default=os.environ.get("PERF_LITELLM", ""),
                     help="the litellm binary (run.sh installs it in its own venv)")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=20, help="rounds of 1-token requests")
+    ap.add_argument("--rounds", type=int, default=100,
+                    help="rounds of 1-token requests (fewer: medians move by a millisecond)")
     ap.add_argument("--gap", type=float, default=0.1,
                     help="seconds between real-backend requests (llama-server closes a "
                          "connection after a stream a moment later than it says)")

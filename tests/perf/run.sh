@@ -2,7 +2,7 @@
 # The stack's performance in one run, side by side: direct, proxy, swapper,
 # proxy + swapper (the product), LiteLLM. On demand only (not part of pytest).
 #
-#   tests/perf/run.sh                       everything (~6 min on 2 cores)
+#   tests/perf/run.sh                       everything (~11 min on 2 cores)
 #   tests/perf/run.sh --only real,swap      some workloads (see --help)
 #   tests/perf/run.sh --profile             also py-spy the proxy and swapper workers
 #

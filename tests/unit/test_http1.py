@@ -133,11 +133,14 @@ def test_an_answer_left_unread_closes_its_connection(scripted):
 
 def test_connection_close_http10_and_unframed_answers_are_not_reused(scripted):
     srv = scripted(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
-                   b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                   b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok",
+                   b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n")
     srv2 = scripted([b"HTTP/1.1 200 OK\r\n\r\nuntil ", b"the end", None])
     c = Client()
-    assert c.request("GET", srv.url + "/").content == b"ok"
-    assert not c._idle.get(("127.0.0.1", int(srv.url.rsplit(":", 1)[1])))
+    for _ in range(3):
+        c.request("GET", srv.url + "/").content
+        assert not c._idle.get(("127.0.0.1", int(srv.url.rsplit(":", 1)[1])))
+    assert srv.connections == 3
     assert c.request("GET", srv2.url + "/").content == b"until the end"
     assert not any(c._idle.values())
 
