@@ -68,7 +68,10 @@ def should_inject(body: dict, settings) -> bool:
 
 
 def inject_tool(body: dict) -> None:
-    body["tools"] = list(body.get("tools") or []) + [copy.deepcopy(WEB_SEARCH_TOOL)]
+    # Fresh outer dicts; the parameters' schema is shared, as in the other dialects'
+    # tool definitions (nothing changes a tool's schema; a deepcopy was 50 calls).
+    body["tools"] = list(body.get("tools") or []) + [
+        {"type": "function", "function": dict(WEB_SEARCH_TOOL["function"])}]
 
 
 def _usage_add(total: dict | None, u) -> dict | None:

@@ -31,3 +31,17 @@ def scrape(base_url: str) -> Scrape:
     r = requests.get(base_url + "/metrics", timeout=10)
     r.raise_for_status()
     return Scrape(r.text)
+
+
+def record_labels(monkeypatch) -> list[tuple[str, tuple]]:
+    """Every prometheus_client labels() call from now on, as (metric, values)."""
+    from prometheus_client.metrics import MetricWrapperBase
+    calls: list[tuple[str, tuple]] = []
+    real = MetricWrapperBase.labels
+
+    def labels(self, *values, **kw):
+        calls.append((self._name, values))
+        return real(self, *values, **kw)
+
+    monkeypatch.setattr(MetricWrapperBase, "labels", labels)
+    return calls

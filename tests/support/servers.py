@@ -135,3 +135,63 @@ def close_socket(s: socket.socket) -> None:
         s.close()
     except OSError:
         pass
+
+
+class Scripted:
+    """Answers the requests on each connection with the next scripted answers
+    (bytes sent as they are; a list: pieces, each sent on its own, `pause`
+    apart; None: hang up; a float: pause that long). Records request heads and
+    bodies, and counts connections."""
+
+    def __init__(self, *answers, pause: float = 0.01):
+        self.answers = list(answers)
+        self.pause = pause
+        self.heads: list[bytes] = []
+        self.bodies: list[bytes] = []
+        self.connections = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
+
+    def _conn(self, conn):
+        with conn:
+            buf = b""
+            while self.answers:
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                while len(buf) < length:
+                    buf += conn.recv(65536)
+                self.heads.append(head)
+                self.bodies.append(buf[:length])
+                buf = buf[length:]
+                answer = self.answers.pop(0)
+                if answer is None:
+                    return
+                for piece in answer if isinstance(answer, list) else [answer]:
+                    if piece is None:
+                        return
+                    if isinstance(piece, float):
+                        time.sleep(piece)
+                        continue
+                    conn.sendall(piece)
+                    time.sleep(self.pause)
+
+    def close(self):
+        self.sock.close()

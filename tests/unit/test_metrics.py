@@ -4,7 +4,7 @@ import os
 
 from common import metrics as common
 from swapper.metrics import SwapperMetrics
-from tests.support.metrics import Scrape
+from tests.support.metrics import Scrape, record_labels
 
 
 def _unset(monkeypatch):
@@ -103,15 +103,7 @@ def test_scheduler_gauges_read_the_snapshot():
 
 def test_request_series_children_are_looked_up_once(monkeypatch):
     """labels() runs once per series, not on every request."""
-    from prometheus_client.metrics import MetricWrapperBase
-    looked_up = []
-    real = MetricWrapperBase.labels
-
-    def labels(self, *values, **kw):
-        looked_up.append((self._name, values))
-        return real(self, *values, **kw)
-
-    monkeypatch.setattr(MetricWrapperBase, "labels", labels)
+    looked_up = record_labels(monkeypatch)
     m = SwapperMetrics()
     for status in (200, 200, 502, 200):
         m.queued("a", 0.5)

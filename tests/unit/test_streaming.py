@@ -3,13 +3,11 @@ what arrives together leaves together, framing split anywhere, trailers, the
 connection reused after a complete body, and a body that breaks off."""
 from __future__ import annotations
 
-import socket
-import threading
-
 import requests
 
 from common.http1 import Client
 from common.streaming import iter_upstream
+from tests.support.servers import Scripted
 
 EVENT = b'data: {"choices":[{"delta":{"content":" tok"}}]}\n\n'
 HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -18,50 +16,6 @@ HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
 
 def framed(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-class ChunkedServer:
-    """Answers each request on a connection with the next scripted response:
-    a list of byte strings, each sent with its own sendall()."""
-
-    def __init__(self, responses):
-        self.responses = list(responses)
-        self.connections = 0
-        self.seen: list[bytes] = []           # request heads, as received
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
-
-    def _conn(self, conn):
-        with conn:
-            buf = b""
-            while self.responses:
-                while b"\r\n\r\n" not in buf:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, buf = buf.split(b"\r\n\r\n", 1)
-                self.seen.append(head)
-                parts = self.responses.pop(0)
-                for p in parts:
-                    if p is None:
-                        return                   # hang up mid-body
-                    conn.sendall(p)
-
-    def close(self):
-        self.sock.close()
 
 
 class session:
@@ -80,7 +34,7 @@ class session:
 def test_a_burst_of_chunks_is_relayed_in_few_pieces_and_the_connection_reused():
     body = EVENT * 500
     burst = HEAD + b"".join(framed(EVENT) for _ in range(500)) + b"0\r\n\r\n"
-    srv = ChunkedServer([[burst], [HEAD + framed(b"second") + b"0\r\n\r\n"]])
+    srv = Scripted([burst], [HEAD + framed(b"second") + b"0\r\n\r\n"], pause=0)
     s = session()
     try:
         r = s.get(srv.url + "/a")
@@ -99,8 +53,8 @@ def test_a_burst_of_chunks_is_relayed_in_few_pieces_and_the_connection_reused():
 def test_framing_split_anywhere_and_trailers():
     wire = framed(b"hello ") + framed(b"wor") + framed(b"ld") + b"0\r\nX-Trailer: 1\r\n\r\n"
     # every byte its own send: size lines, CRLFs and the trailer section all split
-    srv = ChunkedServer([[HEAD] + [wire[i:i + 1] for i in range(len(wire))],
-                         [HEAD + framed(b"again") + b"0\r\n\r\n"]])
+    srv = Scripted([HEAD] + [wire[i:i + 1] for i in range(len(wire))],
+                   [HEAD + framed(b"again") + b"0\r\n\r\n"], pause=0)
     s = session()
     try:
         r = s.get(srv.url + "/a")
@@ -114,7 +68,7 @@ def test_framing_split_anywhere_and_trailers():
 
 
 def test_a_body_that_breaks_off_calls_on_break_and_on_close():
-    srv = ChunkedServer([[HEAD + framed(b"partial"), None]])
+    srv = Scripted([HEAD + framed(b"partial"), None], pause=0)
     s = session()
     seen = {}
     try:
@@ -135,7 +89,7 @@ def test_a_body_that_breaks_off_calls_on_break_and_on_close():
 
 def test_a_body_with_a_length_is_read_to_its_end():
     data = b"x" * 1000
-    srv = ChunkedServer([[b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + data]])
+    srv = Scripted([b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + data], pause=0)
     s = session()
     try:
         r = s.get(srv.url + "/a")
@@ -146,7 +100,7 @@ def test_a_body_with_a_length_is_read_to_its_end():
 
 def test_an_answer_is_a_requests_response_and_errors_are_requests_errors():
     from tests.support.servers import free_port
-    srv = ChunkedServer([[HEAD.replace(b"200 OK", b"201 Created") + framed(b"ok") + b"0\r\n\r\n"]])
+    srv = Scripted([HEAD.replace(b"200 OK", b"201 Created") + framed(b"ok") + b"0\r\n\r\n"], pause=0)
     c = Client(1)
     try:
         r = c.request("POST", srv.url + "/v1/x?a=1", headers={"X-Test": "1"}, body=b"{}",
@@ -154,7 +108,7 @@ def test_an_answer_is_a_requests_response_and_errors_are_requests_errors():
         assert isinstance(r, requests.Response)
         assert r.status_code == 201 and r.headers["content-type"] == "text/event-stream"
         assert r.url == srv.url + "/v1/x?a=1" and r.reason == "Created"
-        head = srv.seen[0].decode()
+        head = srv.heads[0].decode()
         assert head.startswith("POST /v1/x?a=1 HTTP/1.1\r\n") and "X-Test: 1" in head
         assert "Content-Length: 2" in head
         assert b"".join(iter_upstream(r)) == b"ok"
@@ -170,7 +124,7 @@ def test_an_answer_is_a_requests_response_and_errors_are_requests_errors():
 
 
 def test_a_head_answer_with_chunked_headers_has_no_body_to_wait_for():
-    srv = ChunkedServer([[HEAD], [HEAD + framed(b"after") + b"0\r\n\r\n"]])
+    srv = Scripted([HEAD], [HEAD + framed(b"after") + b"0\r\n\r\n"], pause=0)
     s = session()
     try:
         r = s.head(srv.url + "/a")

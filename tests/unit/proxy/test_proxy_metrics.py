@@ -8,7 +8,7 @@ from flask import Flask, Response, request
 
 from common.metrics import exposition
 from proxy.metrics import Metrics, route_label
-from tests.support.metrics import Scrape
+from tests.support.metrics import Scrape, record_labels
 
 APP = Flask("t")
 
@@ -155,15 +155,7 @@ def test_a_bookkeeping_bug_never_breaks_the_answer(monkeypatch):
 def test_each_label_child_is_looked_up_once(monkeypatch):
     """prometheus_client's labels() (a lock, str() of each value, a key built) runs
     once per series, not on every request: the children are kept."""
-    from prometheus_client.metrics import MetricWrapperBase
-    looked_up = []
-    real = MetricWrapperBase.labels
-
-    def labels(self, *values, **kw):
-        looked_up.append((self._name, values))
-        return real(self, *values, **kw)
-
-    monkeypatch.setattr(MetricWrapperBase, "labels", labels)
+    looked_up = record_labels(monkeypatch)
     m = Metrics()
     answer = json.dumps({"model": "tiny", "usage": USAGE, "timings": TIMINGS}).encode()
     for _ in range(3):
