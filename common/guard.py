@@ -2,8 +2,8 @@
 
 - Paths: a request target whose path has a `.` or `..` segment, an encoded
   slash or backslash, or a NUL (raw or percent-encoded) is refused with 400
-  before routing. Forwarding such a path would let the HTTP client normalise it
-  (urllib3 removes dot segments) into another route of the next service:
+  before routing. Forwarded, such a path could be normalised (an HTTP client or
+  server that removes dot segments) into another route of the next service:
   `/upstream/m/../../unload` would become the swapper's `/unload`.
 - Runs of slashes are collapsed (`//unload` is `/unload`), so what is
   forwarded is what was routed.

@@ -6,7 +6,8 @@ synthetic backend of tests/perf. A burst of 64 streams leaves the proxy's pool
 with 64 connections; after they have idled past the swapper's keep-alive, a
 burst of 256 streams reuses them. urllib3's own check (a zero-timeout poll,
 gevent's poll object under the gevent worker) let 49-63 of the 256 go out on
-dead connections: 502 RemoteDisconnected from the proxy.
+dead connections: 502 RemoteDisconnected from the proxy. common.http1 checks
+with the OS's own select before it reuses a connection.
 """
 from __future__ import annotations
 
