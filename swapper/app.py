@@ -207,7 +207,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
                                            "OPTIONS"])
     def v1(path: str):
-        req = request._get_current_object()      # the proxy's lookup, once per request
+        req = request._get_current_object()      # behind the LocalProxy, looked up once
         method = req.method
         if method == "OPTIONS":
             allowed = intake.allowed_methods(path)

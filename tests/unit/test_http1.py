@@ -216,3 +216,20 @@ def test_a_name_is_looked_up_once_and_again_when_its_address_fails(scripted, mon
     with pytest.raises(requests.exceptions.ConnectionError):
         c.request("GET", "http://127.0.0.1:9/")     # a literal refused: no look-up at all
     assert looked_up == ["backend-x"]
+
+
+def test_a_header_block_without_end_is_refused_not_buffered_forever(scripted):
+    srv = scripted([b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * 70000, 1.0])
+    with pytest.raises(BadAnswer, match="header block"):
+        Client().request("GET", srv.url + "/")
+
+
+def test_chunked_framing_wins_over_a_length(scripted):
+    """RFC 9112 6.3: with Transfer-Encoding, Content-Length is ignored (a
+    mismatch is how requests are smuggled)."""
+    srv = scripted(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n"
+                   b"5\r\nhello\r\n0\r\n\r\n", OK)
+    c = Client()
+    assert c.request("GET", srv.url + "/").content == b"hello"
+    assert c.request("GET", srv.url + "/").content == b"ok"
+    assert srv.connections == 1
