@@ -207,8 +207,11 @@ def _head(method: str, target: str, hostport: str, headers, body, fresh: bool) -
 # host -> (family, address): resolved once. Through gevent, getaddrinfo runs on
 # a thread pool (~100 us a call, an IP literal included), and inside Docker it
 # asks the engine's DNS. A backend's container name names that container for
-# its whole life; an address that refuses a connection is resolved again.
+# its whole life; an address that refuses a connection is resolved again. Every
+# container has a name of its own, so the oldest names are forgotten beyond
+# MAX_RESOLVED.
 _resolved: dict[str, tuple[int, tuple]] = {}
+MAX_RESOLVED = 64
 
 
 def _address(host: str, port: int) -> tuple[int, tuple]:
@@ -221,6 +224,8 @@ def _address(host: str, port: int) -> tuple[int, tuple]:
                 continue
             return family, (host, port)             # an IP literal: nothing to look up
         family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        while len(_resolved) >= MAX_RESOLVED:
+            _resolved.pop(next(iter(_resolved)), None)        # the oldest
         hit = _resolved[host] = (family, addr[:1] + addr[2:])   # without its port
     family, addr = hit
     return family, (addr[0], port) + addr[1:]
@@ -349,11 +354,7 @@ class Answer(requests.Response):
             raise BadAnswer(f"unsupported Content-Encoding {coding!r}")
         self._coding = coding
         if self._framing == "none":                # nothing to read: done with it
-            self._conn = None
-            if self._reusable and not conn.buf:
-                client.release(conn)
-            else:
-                conn.close()
+            self._done(conn)
 
     # ---------------------------------------------------------- the body
     def iter_content(self, chunk_size=None, decode_unicode=False) -> Iterator[bytes]:
@@ -419,7 +420,11 @@ class Answer(requests.Response):
         except BaseException:
             self.close()
             raise
-        # The whole body was read: the connection can serve the next request.
+        self._done(conn)
+
+    def _done(self, conn: Connection) -> None:
+        """The whole body was read: the connection serves the next request,
+        unless either side ends it or bytes beyond the body came."""
         self._conn = None
         if self._reusable and not conn.buf:
             self._client.release(conn)

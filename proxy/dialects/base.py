@@ -3,12 +3,12 @@ per round in the client's own dialect, the search engine of the request, the req
 fixes (system prompt, tool token floor) in each dialect's shape, named SSE events."""
 from __future__ import annotations
 
-import json
 from typing import Iterator
 
 import requests
 
 from common import guard, sse
+from common.sse import event
 from common.streaming import forward_headers, iter_body
 
 from .. import normalize
@@ -16,12 +16,6 @@ from ..search.engine import Searcher, TOOL_NAME
 from . import translate
 
 __all__ = ["DialectSession", "event", "prepare", "TOOL_NAME", "parse_json_object"]
-
-
-def event(name: str, obj: dict) -> bytes:
-    """One named SSE event (`event:` + `data:`), as Anthropic and Responses streams use."""
-    return (b"event: " + name.encode() + b"\ndata: "
-            + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n")
 
 
 def parse_json_object(raw: bytes, what: str) -> dict:
@@ -66,9 +60,8 @@ class DialectSession:
         self.settings = settings
         self.upstream = upstream
         self.searcher = searcher
-        self.headers = {k: v for k, v in forward_headers(headers).items()
-                        if k.lower() not in ("accept-encoding", "content-length")}
-        self.headers["Content-Type"] = "application/json"
+        # The client's end-to-end headers (common.http1 writes Accept-Encoding and framing).
+        self.headers = {**forward_headers(headers), "Content-Type": "application/json"}
 
     def round_body(self, stream: bool) -> dict:        # the dialect says
         raise NotImplementedError

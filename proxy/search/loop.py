@@ -94,9 +94,8 @@ class SearchSession:
         self.upstream = upstream
         self.searcher = Searcher(settings=settings, searx=searx, metrics=metrics,
                                  executor=executor)
-        self.headers = {k: v for k, v in forward_headers(headers).items()
-                        if k.lower() not in ("accept-encoding",)}
-        self.headers["Content-Type"] = "application/json"
+        # The client's end-to-end headers (common.http1 writes Accept-Encoding and framing).
+        self.headers = {**forward_headers(headers), "Content-Type": "application/json"}
         self.usage: dict | None = None
         self.forced = isinstance(body.get("tool_choice"), dict)  # named web_search
 

@@ -233,3 +233,16 @@ def test_chunked_framing_wins_over_a_length(scripted):
     assert c.request("GET", srv.url + "/").content == b"hello"
     assert c.request("GET", srv.url + "/").content == b"ok"
     assert srv.connections == 1
+
+
+def test_the_names_looked_up_are_bounded(monkeypatch):
+    """Every backend container has a name of its own: a swapper that swaps for
+    months must not keep one entry per container it ever started."""
+    from common import http1
+    monkeypatch.setattr(http1, "_resolved", {})
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, *a, **k: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))])
+    for i in range(http1.MAX_RESOLVED * 3):
+        http1._address(f"stack-backend-m-{i:06x}", 8080)
+    assert len(http1._resolved) == http1.MAX_RESOLVED
+    assert f"stack-backend-m-{http1.MAX_RESOLVED * 3 - 1:06x}" in http1._resolved
