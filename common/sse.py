@@ -29,6 +29,12 @@ def emit(obj) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
+def event(name: str, obj: dict) -> bytes:
+    """One named event (`event:` + `data:`), as Anthropic and Responses streams use."""
+    return (b"event: " + name.encode() + b"\ndata: "
+            + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n")
+
+
 def comment(text: str = "keep-alive") -> bytes:
     """A comment line (clients ignore it; it keeps a waiting stream alive)."""
     return b": " + " ".join(text.split()).encode("utf-8", "replace") + b"\n\n"

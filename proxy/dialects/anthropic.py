@@ -26,6 +26,7 @@ from common.streaming import NO_BUFFERING, iter_body
 
 from ..search import engine
 from ..search.engine import Search, Step, Turn, cited, decide, new_id
+from . import translate
 from .base import TOOL_NAME, DialectSession, event
 
 SERVER_TOOL_TYPES = ("web_search_20250305", "web_search_20260209")
@@ -269,10 +270,7 @@ def with_message_start(chunks: Iterable[bytes], model) -> Iterator[bytes]:
             except (ValueError, AttributeError):
                 kind = None
             if kind not in ("message_start", "error"):
-                head += event("message_start", {"type": "message_start", "message": {
-                    "id": new_id("msg_"), "type": "message", "role": "assistant",
-                    "model": model, "content": [], "stop_reason": None,
-                    "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}})
+                head += translate.message_start(new_id("msg_"), model)
             yield head + b"".join(events[i:]) + parser.pending()
             yield from chunks
             return

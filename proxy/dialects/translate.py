@@ -29,9 +29,12 @@ CHAT_PATH = "/v1/chat/completions"
 MESSAGES, RESPONSES = "/v1/messages", "/v1/responses"
 
 
-def _ev(name: str, obj: dict) -> bytes:
-    return (b"event: " + name.encode() + b"\ndata: "
-            + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n")
+def message_start(msg_id: str, model) -> bytes:
+    """An Anthropic stream's message_start: an empty assistant message, no usage yet."""
+    return sse.event("message_start", {"type": "message_start", "message": {
+        "id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 0, "output_tokens": 0}}})
 
 
 def _text_of(content) -> str:
@@ -280,7 +283,7 @@ def stream_messages(resp: requests.Response, model) -> Iterator[bytes]:
         nonlocal open_kind
         if open_kind is not None:
             open_kind = None
-            return [_ev("content_block_stop", {"type": "content_block_stop", "index": index})]
+            return [sse.event("content_block_stop", {"type": "content_block_stop", "index": index})]
         return []
 
     def start(kind, block):
@@ -288,23 +291,20 @@ def stream_messages(resp: requests.Response, model) -> Iterator[bytes]:
         out = close()
         index += 1
         open_kind = kind
-        out.append(_ev("content_block_start", {"type": "content_block_start", "index": index,
+        out.append(sse.event("content_block_start", {"type": "content_block_start", "index": index,
                                                "content_block": block}))
         return out
 
     for obj in _chunks(resp):
         if "error" in obj:
             err = obj["error"] if isinstance(obj["error"], dict) else {"message": obj["error"]}
-            yield _ev("error", {"type": "error", "error": {
+            yield sse.event("error", {"type": "error", "error": {
                 "type": "api_error", "message": str(err.get("message"))}})
             return
         if not started:
             started = True
-            yield _ev("message_start", {"type": "message_start", "message": {
-                "id": "msg_" + str(obj.get("id") or new_id("")), "type": "message",
-                "role": "assistant", "model": obj.get("model") or model, "content": [],
-                "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": 0, "output_tokens": 0}}})
+            yield message_start("msg_" + str(obj.get("id") or new_id("")),
+                                obj.get("model") or model)
         if obj.get("usage"):
             usage = obj["usage"]
         for ch in obj.get("choices") or []:
@@ -314,13 +314,13 @@ def stream_messages(resp: requests.Response, model) -> Iterator[bytes]:
                 if open_kind != "thinking":
                     yield from start("thinking", {"type": "thinking", "thinking": "",
                                                   "signature": ""})
-                yield _ev("content_block_delta", {"type": "content_block_delta", "index": index,
+                yield sse.event("content_block_delta", {"type": "content_block_delta", "index": index,
                                                   "delta": {"type": "thinking_delta",
                                                             "thinking": r}})
             if d.get("content"):
                 if open_kind != "text":
                     yield from start("text", {"type": "text", "text": ""})
-                yield _ev("content_block_delta", {"type": "content_block_delta", "index": index,
+                yield sse.event("content_block_delta", {"type": "content_block_delta", "index": index,
                                                   "delta": {"type": "text_delta",
                                                             "text": d["content"]}})
             for tc in d.get("tool_calls") or []:
@@ -332,24 +332,24 @@ def stream_messages(resp: requests.Response, model) -> Iterator[bytes]:
                                             "id": tc.get("id") or new_id("toolu_"),
                                             "name": fn.get("name") or "", "input": {}})
                 if fn.get("arguments"):
-                    yield _ev("content_block_delta", {
+                    yield sse.event("content_block_delta", {
                         "type": "content_block_delta", "index": index,
                         "delta": {"type": "input_json_delta",
                                   "partial_json": fn["arguments"]}})
             if ch.get("finish_reason"):
                 finish = ch["finish_reason"]
     if not started:
-        yield _ev("error", {"type": "error", "error": {
+        yield sse.event("error", {"type": "error", "error": {
             "type": "api_error", "message": "the upstream stream ended without an answer"}})
         return
     yield from close()
-    yield _ev("message_delta", {
+    yield sse.event("message_delta", {
         "type": "message_delta",
         "delta": {"stop_reason": "tool_use" if has_tools
                   else STOP_REASONS.get(finish or "stop", "end_turn"), "stop_sequence": None},
         "usage": {"input_tokens": usage.get("prompt_tokens") or 0,
                   "output_tokens": usage.get("completion_tokens") or 0}})
-    yield _ev("message_stop", {"type": "message_stop"})
+    yield sse.event("message_stop", {"type": "message_stop"})
 
 
 def stream_responses(resp: requests.Response, model) -> Iterator[bytes]:
@@ -365,7 +365,7 @@ def stream_responses(resp: requests.Response, model) -> Iterator[bytes]:
         nonlocal seq
         obj = {**obj, "sequence_number": seq}
         seq += 1
-        return _ev(obj["type"], obj)
+        return sse.event(obj["type"], obj)
 
     def close():
         nonlocal cur, text
