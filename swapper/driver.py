@@ -174,9 +174,7 @@ class Driver:
             else action.model
         log.info("stopping model %s", action.model)
         t0 = self._clock()
-        if self._prepared is not None:                  # an earlier one nobody loaded
-            self._stopped.append(self._prepared.container_id)
-            self._prepared = None
+        self._drop_prepared()                           # an earlier one nobody loaded
         spec = self.registry.models.get(action.next_model or "")
         helper = self._spawn(self._prepare, spec) if spec is not None else None
         delay = 1.0
@@ -208,6 +206,12 @@ class Driver:
             log.warning("could not create the container of model %s ahead of its load: %s",
                         spec.id, e)
 
+    def _drop_prepared(self) -> None:
+        """A prepared container that no load will start goes with the stopped ones."""
+        if self._prepared is not None:
+            self._stopped.append(self._prepared.container_id)
+            self._prepared = None
+
     # ---------------------------------------------------------------- removal
     def _remove_stopped(self) -> None:
         """Remove the stopped containers, in a helper thread (off the path of
@@ -229,9 +233,7 @@ class Driver:
         """An idle turn (nothing is being created or started): remove what
         stopped; when something may have been left behind, sweep every
         container of the stack but the resident one instead."""
-        if self._prepared is not None:                  # its load never came
-            self._stopped.append(self._prepared.container_id)
-            self._prepared = None
+        self._drop_prepared()                           # its load never came
         if not self._dirty or not self.adopted:
             self._remove_stopped()
             return

@@ -79,6 +79,16 @@ def post_and_abandon(url: str, path: str, body: dict, after: float = 1.5) -> Non
     conn.close()
 
 
+def accepted(sock: socket.socket):
+    """The connections accepted on a listening socket, until it is closed."""
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return
+        yield conn
+
+
 class DropFirst:
     """A backend whose first connection is closed without an answer (what a
     stale kept-alive connection looks like), then answers normally."""
@@ -92,11 +102,7 @@ class DropFirst:
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
+        for conn in accepted(self.sock):
             if self.dropped == 0:
                 self.dropped += 1
                 conn.recv(65536)
@@ -154,11 +160,7 @@ class Scripted:
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
+        for conn in accepted(self.sock):
             self.connections += 1
             threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
 
