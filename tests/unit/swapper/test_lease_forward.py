@@ -194,3 +194,27 @@ def test_n_out_of_range_is_refused_before_any_load(chat, n):
     r = ask(app.test_client(), n=n)
     assert r.status_code == 400 and r.json["error"]["code"] == "invalid_n", r.json
     assert runtime.calls == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("answer", [
+    b"SSH-2.0-OpenSSH_9.2\r\n\r\n",                                 # not HTTP at all
+    b"HTTP/1.1 200 OK\r\nContent-Length: lots\r\n\r\n{}",          # a length that is none
+])
+def test_a_backend_answering_garbage_is_a_502_envelope_sent_once_and_frees_the_slot(
+        answer, stream):
+    """Not HTTP is the backend's fault, not a stale connection: one try, a 502
+    `upstream_error` in the envelope (a stream too: it fails before its first
+    event), the slot back."""
+    from tests.support.servers import Scripted
+    srv = Scripted(answer)
+    try:
+        app, _ = make_app({"tiny-b": srv.url})
+        r = ask(app.test_client(), stream=stream)
+        assert r.status_code == 502, r.data
+        err = json.loads(r.data)["error"]           # admitted at once: before any event
+        assert err["code"] == "upstream_error" and "tiny-b" in err["message"]
+        assert srv.connections == 1
+        assert settled(app)["in_flight"] == 0
+    finally:
+        srv.close()
