@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import threading
 import zlib
 from datetime import timedelta
 from typing import Iterator
@@ -53,6 +54,7 @@ except ImportError:                   # no gevent: the standard library's
 
 READ_SIZE = 65536
 MAX_HEAD = 65536            # an answer's status line and header fields, at most
+END_WAIT = 2.0              # Answer.end(): seconds each read of a body's rest may wait
 
 # Header fields the client writes itself: framing and the connection are its business.
 _OWN = frozenset({"host", "content-length", "transfer-encoding", "connection",
@@ -327,6 +329,7 @@ class Answer(requests.Response):
         self.connection = None
         self._client = client
         self._conn: Connection | None = conn
+        self._body: Iterator[bytes] | None = None     # the body's reader, once iterated
         te = headers.get("transfer-encoding")
         length = headers.get("content-length")
         conn_hdr = (headers.get("connection") or "").lower()
@@ -365,7 +368,7 @@ class Answer(requests.Response):
                 return iter((self._content,) if self._content else ())
             raise requests.exceptions.StreamConsumedError()
         self._content_consumed = True
-        pieces = self._pieces()
+        pieces = self._body = self._pieces()
         if self._coding != "identity":
             pieces = _decoded(pieces, self._coding)
         return pieces
@@ -437,6 +440,50 @@ class Answer(requests.Response):
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+    def end(self) -> None:
+        """Done with a body at its logical end, which the server is about to end
+        too: an SSE stream after its `[DONE]`. Closing there would cost the next
+        request a new connection; instead what is left (normally just the last
+        chunk of the framing) is read in the background, each read waiting at
+        most END_WAIT seconds, and if the body then ends with no more payload
+        the connection goes back to the pool. More payload, or a server that
+        does not end the body, closes it. Like close(), the answer is done with
+        at once: close() after end() does nothing."""
+        conn, body, self._conn = self._conn, self._body, None
+        if conn is None:
+            return                          # read to its end (and pooled), or closed
+        if body is None or self._coding != "identity":
+            conn.close()
+            return
+        _background(_finish, conn, body)
+
+
+def _finish(conn: Connection, body: Iterator[bytes]) -> None:
+    """Read an ended answer's rest (see Answer.end): its reader pools the
+    connection when the body ends; anything else closes it."""
+    pooled = False
+    try:
+        conn.sock.settimeout(END_WAIT)
+        for piece in body:
+            if piece:                       # payload after the end: not ours to drop
+                break
+        else:
+            pooled = True
+    except Exception:  # noqa: BLE001 - a broken rest: the connection is not reused
+        pass
+    if not pooled:
+        conn.close()
+
+
+def _background(fn, *args) -> None:
+    """fn(*args) on its own: a greenlet under gevent (the services), else a thread."""
+    from gevent import monkey
+    if monkey.is_module_patched("socket"):
+        import gevent
+        gevent.spawn(fn, *args)
+    else:
+        threading.Thread(target=fn, args=args, daemon=True).start()
 
 
 def _dechunk(conn: Connection) -> Iterator[bytes]:

@@ -454,6 +454,7 @@ def run_stream(s: MessagesSession, first: requests.Response) -> Iterator[bytes]:
                     yield b"".join(sent)
                 if ended:
                     break
+            resp.end()           # at message_stop: the connection serves the next call
             if not stop:
                 yield _error_event("the upstream stream ended before message_delta", 502)
                 return
@@ -494,7 +495,6 @@ def run_stream(s: MessagesSession, first: requests.Response) -> Iterator[bytes]:
                 for b in ordered:
                     b.pop("_args", None)
                 s.record(ordered, searches)
-                resp.close()
                 resp = s.call(stream=True)
                 if resp.status_code != 200:
                     body = to_anthropic_error(resp.content, resp.status_code) or resp.content

@@ -343,6 +343,7 @@ def run_stream(s: ResponsesSession, first: requests.Response) -> Iterator[bytes]
                     yield b"".join(sent)
                 if done_resp is not None:
                     break
+            resp.end()           # at response.completed: the connection serves the next call
             if done_resp is None:
                 yield from failed("the upstream stream ended before response.completed",
                                   "upstream_stream_truncated")
@@ -385,7 +386,6 @@ def run_stream(s: ResponsesSession, first: requests.Response) -> Iterator[bytes]
                     yield emit({"type": "response.output_item.done", "output_index": base + k,
                                 "item": item})
                 s.record(ordered, searches)
-                resp.close()
                 resp = s.call(stream=True)
                 if resp.status_code != 200:
                     try:

@@ -474,6 +474,7 @@ class Translated:
         self.headers = {"Content-Type": "text/event-stream" if stream and self.ok
                         else "application/json"}
         self._content: bytes | None = None
+        self._translated = False          # the chat stream was translated to its end
 
     @property
     def ok(self) -> bool:
@@ -506,9 +507,16 @@ class Translated:
             return
         gen = stream_messages if self.path == MESSAGES else stream_responses
         yield from gen(self.chat, self.model)
+        self._translated = True
+
+    def end(self) -> None:
+        self.chat.end()
 
     def close(self) -> None:
-        self.chat.close()
+        if self._translated:
+            self.chat.end()         # read to its [DONE]: see common.http1.Answer.end
+        else:
+            self.chat.close()
 
 
 def lacks_dialect(r) -> bool:

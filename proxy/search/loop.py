@@ -451,10 +451,10 @@ def run_stream(s: SearchSession, first: requests.Response) -> Iterator[bytes]:
             rnd = _Round(first_round=s.searcher.rounds == 0)
             if not (yield from _relay_round(s, resp, rnd, head)):
                 return
+            resp.end()           # at its [DONE]: the connection serves the next call
             step = decide(rnd.turn, s.searcher.budget_left)
             if step is Step.SEARCH:
                 yield from _search_round(s, rnd)
-                resp.close()
                 resp = s.call_model(stream=True)
                 if resp.status_code != 200:
                     yield sse.emit(_error_of(resp)) + sse.DONE

@@ -89,21 +89,25 @@ def accepted(sock: socket.socket):
         yield conn
 
 
-class DropFirst:
-    """A backend whose first connection is closed without an answer (what a
-    stale kept-alive connection looks like), then answers normally."""
+class Relay:
+    """A TCP relay to a server that counts the connections made through it.
+    With `drop_first`, the first is closed without an answer instead (what a
+    stale kept-alive connection looks like)."""
 
-    def __init__(self, chat_url: str):
+    def __init__(self, target_url: str, drop_first: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.target = int(chat_url.rsplit(":", 1)[1])
+        self.target = int(target_url.rsplit(":", 1)[1])
+        self.drop_first = drop_first
         self.dropped = 0
+        self.connections = 0
         self.sock = socket.create_server(("127.0.0.1", self.port))
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
         for conn in accepted(self.sock):
-            if self.dropped == 0:
+            self.connections += 1
+            if self.drop_first and self.dropped == 0:
                 self.dropped += 1
                 conn.recv(65536)
                 conn.close()
@@ -114,6 +118,9 @@ class DropFirst:
         up = socket.create_connection(("127.0.0.1", self.target))
         threading.Thread(target=pipe, args=(up, conn), daemon=True).start()
         pipe(conn, up)
+
+    def close(self):
+        self.sock.close()
 
 
 def pipe(a: socket.socket, b: socket.socket, on_end=None) -> None:

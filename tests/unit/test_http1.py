@@ -87,6 +87,72 @@ def test_connection_close_http10_and_unframed_answers_are_not_reused(scripted):
     assert not any(c._idle.values())
 
 
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+DONE = b"e\r\ndata: [DONE]\n\n\r\n"
+
+
+def _read_to_done(r) -> bytes:
+    got = b""
+    for piece in r.iter_content():
+        got += piece
+        if got.endswith(b"data: [DONE]\n\n"):
+            return got
+    raise AssertionError(f"no [DONE] in {got!r}")
+
+
+def _settle(until, seconds: float = 3.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not until() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("last", [
+    b"0\r\n\r\n",                                # the last chunk, sent a moment after [DONE]
+    [0.2, b"0\r\n", 0.1, b"X-Trailer: 1\r\n\r\n"],   # later, in pieces, with a trailer
+])
+def test_a_stream_ended_at_its_done_keeps_its_connection(scripted, last):
+    pieces = [SSE_HEAD + b"a\r\ndata: {}\n\n\r\n" + DONE] + (last if isinstance(last, list)
+                                                                 else [last])
+    srv = scripted(pieces, OK)
+    c = Client()
+    r = c.request("POST", srv.url + "/v1/chat/completions", body=b"{}")
+    assert _read_to_done(r).endswith(b"[DONE]\n\n")
+    r.end()                   # the last chunk has not come yet: it is read in the background
+    r.close()                 # does nothing after end()
+    _settle(lambda: any(c._idle.values()))
+    assert c.request("GET", srv.url + "/").content == b"ok"
+    assert srv.connections == 1
+
+
+@pytest.mark.parametrize("rest", [
+    b"a\r\ndata: {}\n\n\r\n0\r\n\r\n",             # payload after the end: not dropped silently
+    None,                                        # the server hangs up instead of ending
+    [0.5, b"0\r\n\r\n"],                           # too late (END_WAIT is 0.2 here)
+])
+def test_a_stream_whose_rest_is_not_its_end_is_not_reused(scripted, monkeypatch, rest):
+    monkeypatch.setattr("common.http1.END_WAIT", 0.2)
+    srv = scripted([SSE_HEAD + DONE] + (rest if isinstance(rest, list) else [rest]), OK)
+    c = Client()
+    r = c.request("POST", srv.url + "/", body=b"{}")
+    _read_to_done(r)
+    r.end()
+    time.sleep(0.8)
+    assert c.request("GET", srv.url + "/").content == b"ok"
+    assert srv.connections == 2
+
+
+def test_end_before_reading_or_after_the_end_is_a_close_or_nothing(scripted):
+    srv = scripted(SSE_HEAD + b"a\r\ndata: {}\n\n\r\n", OK, OK)
+    c = Client()
+    r = c.request("GET", srv.url + "/")
+    r.end()                               # nothing read: nothing known about the rest
+    assert c.request("GET", srv.url + "/").content == b"ok"
+    done = c.request("GET", srv.url + "/")
+    assert done.content == b"ok"
+    done.end()                            # read to its end and pooled: nothing to do
+    assert srv.connections == 2 and len(c._idle[next(iter(c._idle))]) == 1
+
+
 def test_a_fresh_request_asks_to_close_and_is_not_pooled(scripted):
     srv = scripted(OK)
     c = Client()

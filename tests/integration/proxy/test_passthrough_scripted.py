@@ -231,8 +231,8 @@ def test_a_request_the_upstream_closed_on_is_sent_again(make_proxy, chat):
     """The proxy's own hop: a kept-alive connection the upstream had closed
     (llama-server after a stream, gunicorn's keep-alive) reaches no one; the
     request goes again on a fresh connection instead of failing with 502."""
-    from tests.support.servers import DropFirst
-    drop = DropFirst(chat.url)
+    from tests.support.servers import Relay
+    drop = Relay(chat.url, drop_first=True)
     proxy = make_proxy(BACKEND_URL=drop.url, WEB_SEARCH=False)
     chat.script(Reply(content="answered"))
     r = requests.post(proxy + "/v1/chat/completions", json={"messages": USER}, timeout=30)

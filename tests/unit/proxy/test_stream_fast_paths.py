@@ -213,6 +213,8 @@ class Resp:
     def close(self):
         pass
 
+    end = close                     # common.http1.Answer.end: done at the stream's end
+
 
 class Upstream:
     """Answers each round with the next script, cut into reads by `cutter`."""

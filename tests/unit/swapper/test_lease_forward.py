@@ -12,7 +12,7 @@ from swapper.app import create_app
 from swapper.settings import Settings
 from tests.support.chat import Reply, ScriptedChat
 from tests.support.fake_runtime import FakeRuntime
-from tests.support.servers import DropFirst
+from tests.support.servers import Relay
 from tests.support.swapperproc import FIXTURE_BACKENDS
 
 ENV = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
@@ -99,7 +99,7 @@ def test_a_request_closed_before_any_answer_is_sent_again_on_a_fresh_connection(
     """Issue 9.2: llama-server closes a kept-alive connection after a stream;
     the request that met it got 502. Never reached = sent again."""
     chat.script(Reply("answered"))
-    drop = DropFirst(chat.url)
+    drop = Relay(chat.url, drop_first=True)
     app, runtime = make_app({"tiny-b": drop.url})
     r = ask(app.test_client())
     assert r.status_code == 200, r.data
