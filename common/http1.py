@@ -374,6 +374,12 @@ class Answer(requests.Response):
         return pieces
 
     @property
+    def body_arrived(self) -> bool:
+        """Whether any of the body has come (or there is none to wait for)."""
+        conn = self._conn
+        return conn is None or self._content_consumed or bool(conn.buf)
+
+    @property
     def content(self) -> bytes:
         if self._content is False:
             self._content = b"".join(self.iter_content())

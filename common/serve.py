@@ -56,8 +56,9 @@ class HeadWithBody(gunicorn_wsgi.Response):
 
     gunicorn sends a stream's headers at its first write anyway, so nothing
     waits longer: an app that wants its headers out before it has a body
-    (a client waiting on a long prompt or a model load) writes b"", which
-    still sends them at once."""
+    writes b"", which still sends them at once. A relayed event stream does
+    while the backend works on its first token (common.streaming.headers_now):
+    the next hop sets up its end meanwhile, not after the token."""
 
     _head = b""
 

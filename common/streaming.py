@@ -25,6 +25,24 @@ HOP_BY_HOP = frozenset({
 NO_BUFFERING = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
 
 
+def headers_now(upstream) -> bool:
+    """Whether a stream relayed from `upstream` should send its headers before
+    its first piece: yes for an event stream none of whose body has come yet
+    (the backend is still at its first token). An empty first piece does it
+    (common.serve.HeadWithBody sends the headers at once on an empty write):
+    the next hop, or the client, sets its end of the stream up while the
+    backend works, instead of after the first token has come."""
+    return not getattr(upstream, "body_arrived", True) and \
+        (upstream.headers.get("content-type") or "").startswith("text/event-stream")
+
+
+def sse_response(events: Iterator[bytes]) -> Response:
+    """Our own event stream (made from an upstream's: its generator begins with
+    an empty piece when headers_now() says so)."""
+    return Response(events, status=200, mimetype="text/event-stream",
+                    headers=dict(NO_BUFFERING), direct_passthrough=True)
+
+
 def forward_headers(headers) -> dict:
     """Request or response headers minus the hop-by-hop ones."""
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
@@ -55,6 +73,8 @@ def iter_upstream(upstream: requests.Response,
                   on_close: Callable[[bool], None] | None = None,
                   on_break: Callable[[Exception], bytes] | None = None) -> Iterator[bytes]:
     """Yield the upstream body as it arrives; always close upstream at the end.
+    An event stream none of whose body has come yet begins with an empty piece
+    (headers_now).
 
     `on_close(complete)` runs once at the end: complete is False when the
     upstream broke mid-body or the client went away before the end.
@@ -63,6 +83,8 @@ def iter_upstream(upstream: requests.Response,
     """
     complete = False
     try:
+        if headers_now(upstream):
+            yield b""
         yield from iter_body(upstream)
         complete = True
     except requests.RequestException as e:

@@ -221,6 +221,8 @@ def normalize_sse(chunks: Iterable[bytes]) -> Iterator[bytes]:
     for chunk in chunks:
         whole = parser.take(chunk)
         if not whole:
+            if not chunk:
+                yield chunk      # the headers, now (common.streaming.headers_now)
             continue
         if b'"reasoning' not in whole:
             yield whole          # fast path: nothing to rewrite

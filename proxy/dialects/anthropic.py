@@ -22,7 +22,7 @@ from flask import Response
 
 from common import sse
 from common.errors import ApiError
-from common.streaming import NO_BUFFERING, iter_body
+from common.streaming import headers_now, iter_body, sse_response
 
 from ..search import engine
 from ..search.engine import Search, Step, Turn, cited, decide, new_id
@@ -259,6 +259,9 @@ def with_message_start(chunks: Iterable[bytes], model) -> Iterator[bytes]:
     parser = sse.Parser()
     chunks = iter(chunks)
     for chunk in chunks:
+        if not chunk:
+            yield chunk          # the headers, now (common.streaming.headers_now)
+            continue
         events = sse.split(parser.take(chunk))
         for i, raw in enumerate(events):
             ev = sse.parse_event(raw)
@@ -337,8 +340,7 @@ def run_nonstream(s: MessagesSession) -> Response:
 # ================================================================= streaming
 
 def stream_response(s: MessagesSession, first: requests.Response) -> Response:
-    return Response(run_stream(s, first), status=200, mimetype="text/event-stream",
-                    headers=dict(NO_BUFFERING), direct_passthrough=True)
+    return sse_response(run_stream(s, first))
 
 
 def _error_event(message: str, status: int) -> bytes:
@@ -361,6 +363,8 @@ def run_stream(s: MessagesSession, first: requests.Response) -> Iterator[bytes]:
     inp = out = 0
     keepalive = s.settings.KEEPALIVE_INTERVAL
     try:
+        if headers_now(first):
+            yield b""
         while True:
             blocks: dict[int, dict] = {}      # backend index -> block as it builds up
             where: dict[int, int | None] = {}  # backend index -> client index (None: held)

@@ -22,7 +22,7 @@ import requests
 from flask import Response
 
 from common.errors import ApiError
-from common.streaming import NO_BUFFERING
+from common.streaming import headers_now, sse_response
 
 from ..search import engine
 from ..search.engine import Search, Step, Turn, decide, new_id
@@ -244,8 +244,7 @@ def run_nonstream(s: ResponsesSession) -> Response:
 # ================================================================= streaming
 
 def stream_response(s: ResponsesSession, first: requests.Response) -> Response:
-    return Response(run_stream(s, first), status=200, mimetype="text/event-stream",
-                    headers=dict(NO_BUFFERING), direct_passthrough=True)
+    return sse_response(run_stream(s, first))
 
 
 class _Out:
@@ -277,6 +276,8 @@ def run_stream(s: ResponsesSession, first: requests.Response) -> Iterator[bytes]
         yield emit({"type": "response.failed", "response": r})
 
     try:
+        if headers_now(first):
+            yield b""
         while True:
             where: dict = {}              # backend item key -> client index (None: held)
             items: dict = {}              # backend item key -> the finished item

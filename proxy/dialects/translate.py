@@ -481,6 +481,10 @@ class Translated:
         return self.chat.status_code == 200
 
     @property
+    def body_arrived(self) -> bool:
+        return self.chat.body_arrived
+
+    @property
     def content(self) -> bytes:
         if self._content is None:
             if not self.ok:

@@ -25,7 +25,7 @@ from flask import Response
 
 from common import guard, sse
 from common.errors import ApiError, error_body
-from common.streaming import NO_BUFFERING, forward_headers, iter_body
+from common.streaming import forward_headers, headers_now, iter_body, sse_response
 
 from .. import normalize
 from .engine import TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, Search, Searcher, Step, \
@@ -298,8 +298,7 @@ class _Round:
 
 
 def stream_response(s: SearchSession, first: requests.Response) -> Response:
-    return Response(run_stream(s, first), status=200, mimetype="text/event-stream",
-                    headers=dict(NO_BUFFERING), direct_passthrough=True)
+    return sse_response(run_stream(s, first))
 
 
 def _relay_round(s: SearchSession, resp: requests.Response, rnd: _Round, head: dict):
@@ -447,6 +446,8 @@ def run_stream(s: SearchSession, first: requests.Response) -> Iterator[bytes]:
     resp = first
     head: dict = {}              # id/created/model of the client's stream (first round)
     try:
+        if headers_now(first):
+            yield b""
         while True:
             rnd = _Round(first_round=s.searcher.rounds == 0)
             if not (yield from _relay_round(s, resp, rnd, head)):

@@ -8,7 +8,9 @@ Python image, started by the swapper like any backend).
   GET  /v1/models             one model, "synth"
   POST /v1/chat/completions   OpenAI chat chunks; the number of chunks is the body's
                               max_tokens (default 16); `perf_interval_ms` paces them
-                              (default 0: as fast as the socket takes them). Every
+                              (default 0: as fast as the socket takes them) and
+                              `perf_first_ms` delays the first (a model's prompt and
+                              first token: the headers go at once). Every
                               chunk is its own HTTP/1.1 chunk and its own send(), as
                               llama-server writes a token. Non-streaming: one answer.
   GET  /perf/stamps           wall-clock stamps: started, ready_at (when /health
@@ -132,7 +134,8 @@ class Handler(socketserver.StreamRequestHandler):
             # to its tool floor when it injects web_search)
             n = int(req.get("n_predict") or req.get("max_tokens") or 16)
             if req.get("stream"):
-                self.stream(n, float(req.get("perf_interval_ms") or 0) / 1000.0)
+                self.stream(n, float(req.get("perf_interval_ms") or 0) / 1000.0,
+                            float(req.get("perf_first_ms") or 0) / 1000.0)
                 return False           # like llama-server: close after a stream
             answer = {"id": "chatcmpl-synth", "object": "chat.completion", "created": 0,
                       "model": "synth", "choices": [{"index": 0, "finish_reason": "length",
@@ -143,13 +146,15 @@ class Handler(socketserver.StreamRequestHandler):
                          b'{"error":{"message":"not found","type":"invalid_request_error",'
                          b'"code":"not_found"}}', close)
 
-    def stream(self, n: int, interval: float) -> None:
+    def stream(self, n: int, interval: float, first: float = 0.0) -> None:
         sock = self.connection
         sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                      b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
                      b"Connection: close\r\n\r\n")
         send, sleep = sock.sendall, time.sleep
         try:
+            if first > 0:
+                sleep(first)
             if interval > 0:
                 t = time.monotonic()
                 for i in range(n):
