@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import json
+import logging
 
 from flask import Response
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 # HTTP status -> OpenAI error type, for callers that do not name one.
 _TYPES = {
@@ -74,19 +76,29 @@ class ApiError(Exception):
                               param=getattr(self, "param", None), headers=self.headers)
 
 
+def too_large(limit: int) -> Response:
+    """413 for a request body beyond `limit` bytes (MAX_BODY_BYTES)."""
+    return error_response(f"request body too large: the limit is {limit} bytes "
+                          "(MAX_BODY_BYTES)", 413, code="body_too_large",
+                          headers={"Connection": "close"})
+
+
+def error_for(e: Exception, log: logging.Logger, body_limit: int | None = None) -> Response:
+    """The envelope answering an exception a request handler raised: the one
+    mapping, for Flask's routes (install_error_handlers) and the hot routes
+    (common.hotpath) alike. Anything unexpected is logged with its trace and
+    answered 500, without it."""
+    if isinstance(e, ApiError):
+        return e.response()
+    if isinstance(e, RequestEntityTooLarge) and body_limit is not None:
+        return too_large(body_limit)
+    if isinstance(e, HTTPException):
+        return error_response(e.description or e.name, e.code or 500)
+    log.error("unhandled error", exc_info=e)
+    return error_response(f"internal error: {type(e).__name__}: {e}", 500)
+
+
 def install_error_handlers(app) -> None:
     """Make every error of a Flask app answer in the envelope (no HTML, no traces)."""
-    from werkzeug.exceptions import HTTPException
-
-    @app.errorhandler(ApiError)
-    def _api_error(e: ApiError):
-        return e.response()
-
-    @app.errorhandler(HTTPException)
-    def _http_error(e: HTTPException):
-        return error_response(e.description or e.name, e.code or 500)
-
-    @app.errorhandler(Exception)
-    def _unexpected(e: Exception):
-        app.logger.exception("unhandled error")
-        return error_response(f"internal error: {type(e).__name__}: {e}", 500)
+    app.register_error_handler(
+        Exception, lambda e: error_for(e, app.logger, app.config.get("MAX_CONTENT_LENGTH")))

@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlsplit
 
 import orjson
 
-from .errors import ApiError, error_response
+from .errors import ApiError, error_response, too_large
 
 MAX_JSON_DEPTH = 100
 
@@ -87,10 +87,7 @@ class RequestGuard:
                 "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
             body = _read_at_most(environ["wsgi.input"], self.max_body + 1)
             if len(body) > self.max_body:
-                resp = error_response(f"request body too large: the limit is {self.max_body} "
-                                      "bytes (MAX_BODY_BYTES)", 413, code="body_too_large",
-                                      headers={"Connection": "close"})
-                return resp(environ, start_response)
+                return too_large(self.max_body)(environ, start_response)
             environ["wsgi.input"] = io.BytesIO(body)
             environ["CONTENT_LENGTH"] = str(len(body))
         return self.app(environ, start_response)
@@ -106,13 +103,14 @@ def _read_at_most(stream, n: int) -> bytes:
     return bytes(out)
 
 
-def harden(app, max_body: int | None = None) -> None:
-    """Install the request guard and turn off the router's redirects on a Flask app."""
+def harden(app) -> None:
+    """Install the request guard (holding chunked bodies to the app's
+    MAX_CONTENT_LENGTH) and turn off the router's redirects on a Flask app."""
     m = app.url_map
     m.strict_slashes = False        # '/x/' and '/x' both match, no redirect
     m.merge_slashes = False         # the guard collapsed them already
     m.redirect_defaults = False
-    app.wsgi_app = RequestGuard(app.wsgi_app, max_body)
+    app.wsgi_app = RequestGuard(app.wsgi_app, app.config.get("MAX_CONTENT_LENGTH"))
 
 
 # ------------------------------------------------------------------- JSON

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Iterator
 
 import requests
 from flask import Response
+from werkzeug.http import HTTP_STATUS_CODES
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those the WSGI server recomputes.
 HOP_BY_HOP = frozenset({
@@ -23,6 +24,24 @@ HOP_BY_HOP = frozenset({
 })
 
 NO_BUFFERING = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
+
+
+class Relayed:
+    """An answer relayed as it comes, as a WSGI app: its status, header list and
+    body go to the server as they are, without a Flask Response's conversions
+    (what the hot routes, common.hotpath, save). A Flask view may return one
+    too: Flask runs a WSGI app it is given."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: dict, body: Iterable[bytes]):
+        self.status = f"{status} {HTTP_STATUS_CODES.get(status, 'UNKNOWN')}"
+        self.headers = list(headers.items())
+        self.body = body
+
+    def __call__(self, environ, start_response):
+        start_response(self.status, self.headers)
+        return self.body
 
 
 def headers_now(upstream) -> bool:

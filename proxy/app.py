@@ -6,17 +6,17 @@ import hmac
 import logging
 import time
 
-from flask import Flask, Response, g, request
-from werkzeug.exceptions import RequestEntityTooLarge
+from flask import Flask, Response, request
 
 from common.errors import error_response, install_error_handlers
 from common.failures import reason
 from common import guard
 from common.guard import harden
+from common.hotpath import install
 from common.streaming import forward_headers, iter_upstream, relay
 
 from . import dialects, normalize
-from .metrics import NOT_READ, Metrics
+from .metrics import MODEL, NOT_READ, T0, Metrics
 from .search import loop
 from .search.searxng import SearxngClient
 from .settings import Settings
@@ -33,8 +33,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     logging.basicConfig(level=settings.LOG_LEVEL.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = Flask(__name__)
-    harden(app, settings.MAX_BODY_BYTES)
-    app.config["MAX_CONTENT_LENGTH"] = settings.MAX_BODY_BYTES
+    app.config["MAX_CONTENT_LENGTH"] = settings.MAX_BODY_BYTES    # the guard's and Flask's
+    harden(app)
     install_error_handlers(app)
 
     upstream = Upstream(settings.BACKEND_URL, settings.CONNECT_TIMEOUT,
@@ -47,32 +47,30 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["proxy"] = dict(settings=settings, upstream=upstream, metrics=metrics,
                                    catalog=catalog, searx=searx, executor=executor)
 
-    @app.errorhandler(RequestEntityTooLarge)
-    def _too_large(e):
-        return error_response(f"request body too large: the limit is "
-                              f"{settings.MAX_BODY_BYTES} bytes (MAX_BODY_BYTES)", 413,
-                              code="body_too_large")
-
     # ------------------------------------------------------------ cross-cutting
 
-    @app.before_request
-    def _before():
-        g.t0 = time.perf_counter()
-        if settings.API_KEY and request.path != "/healthz":
-            auth = request.headers.get("Authorization", "")
+    # Around every request, Flask's routes and the hot ones (common.hotpath) alike.
+    def before(req):
+        req.environ[T0] = time.perf_counter()
+        if settings.API_KEY and req.path != "/healthz":
+            headers = req.headers
+            auth = headers.get("Authorization", "")
             token = auth[7:].strip() if auth[:7].lower() == "bearer " else \
-                request.headers.get("x-api-key", "")
+                headers.get("x-api-key", "")
             if not token or not hmac.compare_digest(token.encode(), settings.API_KEY.encode()):
                 return error_response("missing or wrong API key: send "
                                       "'Authorization: Bearer <API_KEY>'", 401,
                                       code="invalid_api_key",
                                       headers={"WWW-Authenticate": "Bearer"})
+        return None
 
-    @app.after_request
-    def _after(resp: Response):
-        req, ctx_g = request._get_current_object(), g._get_current_object()   # looked up once
+    def after(resp: Response, req) -> Response:
         resp = dialects.anthropic_errors(resp, req.path)
-        return metrics.observe(resp, req, ctx_g.get("t0"), ctx_g.get("model", NOT_READ))
+        env = req.environ
+        return metrics.observe(resp, req, env.get(T0), env.get(MODEL, NOT_READ))
+
+    app.before_request(lambda: before(request._get_current_object()))
+    app.after_request(lambda resp: after(resp, request._get_current_object()))
 
     # ------------------------------------------------------------ own routes
 
@@ -98,12 +96,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     def metrics_route():
         return metrics.response()
 
-    @app.post("/v1/chat/completions")
-    def chat():
-        raw = request.get_data()
+    def chat(req):
+        raw = req.get_data()
         body = normalize.parse_chat_body(raw)
         changed = False
-        model = g.model = body.get("model")
+        model = req.environ[MODEL] = body.get("model")
         first_role = body["messages"][0].get("role")
         if settings.INJECT_SYSTEM and first_role not in ("system", "developer"):
             text = catalog.lookup(model).get("system_prompt") or settings.SYSTEM_PROMPT
@@ -119,7 +116,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
         if search:
             s = loop.SearchSession(body, settings=settings, upstream=upstream, searx=searx,
-                                   metrics=metrics, executor=executor, headers=request.headers)
+                                   metrics=metrics, executor=executor, headers=req.headers)
             if not stream:
                 return loop.run_nonstream(s)
             first = s.call_model(stream=True)
@@ -129,7 +126,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
         data = guard.dumps(body) if changed else raw
         r = upstream.request("POST", "/v1/chat/completions", headers=forward_headers(
-            request.headers), data=data, stream=True, environ=request.environ,
+            req.headers), data=data, stream=True, environ=req.environ,
             read_body=not stream)
         if stream:
             return relay(r, body=normalize.normalize_sse(iter_upstream(r)))
@@ -141,11 +138,16 @@ def create_app(settings: Settings | None = None) -> Flask:
     # the anthropic SDK appends /v1/messages to its base URL, so base_url=<proxy>/v1
     # (the form the OpenAI SDK wants) must work too.
     ext = app.extensions["proxy"]
+    hot = {"/v1/chat/completions": chat,
+           "/v1/responses": lambda req: dialects.handle(dialects.RESPONSES, ext, req)}
     for path in dialects.MESSAGES_PATHS:
-        app.add_url_rule(path, "messages" + path.replace("/", "_"), methods=["POST"],
-                         view_func=lambda: dialects.handle(dialects.MESSAGES, ext, request))
-    app.add_url_rule("/v1/responses", "responses", methods=["POST"],
-                     view_func=lambda: dialects.handle(dialects.RESPONSES, ext, request))
+        hot[path] = lambda req: dialects.handle(dialects.MESSAGES, ext, req)
+    # Flask serves them too (another method's 405, a trailing slash); POST on these
+    # paths is served hot, around Flask.
+    for path, view in hot.items():
+        app.add_url_rule(path, "hot" + path.replace("/", "_"), methods=["POST"],
+                         view_func=lambda view=view: view(request._get_current_object()))
+    install(app, hot.get, before=before, after=after)
 
     # ------------------------------------------------------------ pass-through
 

@@ -52,6 +52,10 @@ def route_label(path: str) -> str:
 
 NOT_READ = object()     # observe(): the handler did not read the requested model
 
+# What a request's handlers tell its metrics, in its WSGI environ.
+T0 = "coding_stack.t0"            # perf_counter() when it arrived
+MODEL = "coding_stack.model"      # the model its body named (None: none), once read
+
 
 class Metrics:
     def __init__(self, resolve: Callable[[str], str | None] | None = None):
@@ -121,15 +125,21 @@ class Metrics:
             is_sse = (resp.mimetype or "") == "text/event-stream"
             resp.response = self._follow(resp.response, route, t0, answer, is_sse)
             return resp
-        now = time.perf_counter()
-        self._first_byte_of(route).observe(now - t0)
-        self._duration_of(route).observe(now - t0)
+        # A whole answer is counted once it has gone (the response's close):
+        # the bookkeeping, its usage parsed included, never delays it.
+        seconds = time.perf_counter() - t0
+        pieces = resp.response if answer is not None else ()     # its bytes (no cycle)
+        resp.call_on_close(lambda: _safely(lambda: self._whole(route, seconds, answer, pieces)))
+        return resp
+
+    def _whole(self, route: str, seconds: float, answer, pieces) -> None:
+        self._first_byte_of(route).observe(seconds)
+        self._duration_of(route).observe(seconds)
         if answer is not None:
-            body = resp.get_data()
+            body = b"".join(pieces)
             if b'"usage"' in body or b'"timings"' in body:
                 answer.json(body)
-            _safely(answer.done)
-        return resp
+            answer.done()
 
     def _follow(self, inner: Iterable[bytes], route: str, t0: float, answer, is_sse: bool
                 ) -> Iterator[bytes]:
@@ -140,8 +150,10 @@ class Metrics:
         clean = True            # no partial event held by the parser
         try:
             for chunk in inner:
+                # The chunk goes first; what it says is read once it has gone.
+                now = time.perf_counter()
+                yield chunk
                 if chunk:
-                    now = time.perf_counter()
                     if first:
                         self._first_byte_of(route).observe(now - t0)
                         first = False
@@ -160,7 +172,6 @@ class Metrics:
                         size += len(chunk)
                         if size <= MAX_JSON_BYTES:
                             body.append(chunk)
-                yield chunk
             if parser is not None:
                 end = time.perf_counter()
                 _safely(lambda: [answer.event(ev, end) for ev in parser.flush()])

@@ -11,6 +11,7 @@ from flask import Flask, Response, jsonify, request, stream_with_context
 from common.errors import ApiError, install_error_handlers
 from common import guard
 from common.guard import harden
+from common.hotpath import install
 from common.streaming import NO_BUFFERING
 
 from .driver import Driver
@@ -207,7 +208,15 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
                                            "OPTIONS"])
     def v1(path: str):
-        req = request._get_current_object()      # behind the LocalProxy, looked up once
+        return v1_answer(request._get_current_object(), path)
+
+    def hot_v1(req):                  # POST /v1/...: common.hotpath, around Flask
+        return v1_answer(req, req.environ["PATH_INFO"][4:])
+
+    install(app, lambda path: hot_v1 if path.startswith("/v1/") else None)
+
+    def v1_answer(req, path: str):
+        """A /v1/<path> request answered: by the backend (or n of its answers)."""
         method = req.method
         if method == "OPTIONS":
             allowed = intake.allowed_methods(path)

@@ -24,7 +24,8 @@ from common.errors import ApiError, error_body
 from common.failures import classify, failure, not_reached, reason, status_of
 from common.http1 import Client
 from common.sse import comment, emit, error_event
-from common.streaming import NO_BUFFERING, answer_headers, forward_headers, iter_upstream
+from common.streaming import (NO_BUFFERING, Relayed, answer_headers, forward_headers,
+                              iter_upstream)
 
 from .lease import Admission, Lease, waiting_for
 from .settings import Settings
@@ -44,7 +45,7 @@ class Forwarder:
         return f"{lease.backend.url}/{path.lstrip('/')}" + (f"?{query}" if query else "")
 
     def forward(self, model: str, method: str, path: str, query: str, headers,
-                body: bytes | None, environ: dict, stream: bool = False) -> Response:
+                body: bytes | None, environ: dict, stream: bool = False) -> Relayed | Response:
         """The backend's answer to the request. A streamed request that has to
         wait (a load, a swap, a drain, the queue) is answered at once: an SSE
         stream of progress comments every KEEPALIVE_INTERVAL until the backend's
@@ -187,9 +188,8 @@ def _error_message(upstream: requests.Response) -> str:
         return text
 
 
-def relay(lease: Lease, upstream: requests.Response) -> Response:
-    """A streaming Flask response mirroring the upstream status and headers."""
+def relay(lease: Lease, upstream: requests.Response) -> Relayed:
+    """The upstream's answer, its status and headers as they came, its body as it comes."""
     headers = answer_headers(upstream)
     headers.update(NO_BUFFERING)
-    return Response(LeasedBody(lease, upstream), status=upstream.status_code,
-                    headers=headers, direct_passthrough=True)
+    return Relayed(upstream.status_code, headers, LeasedBody(lease, upstream))

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flask import Response, g
+from flask import Response
 
 from common import guard
 from common.streaming import forward_headers, iter_upstream, relay
 
+from ..metrics import MODEL
 from ..search.engine import Searcher
 from . import anthropic, responses, translate
 from .base import parse_json_object, prepare
@@ -43,7 +44,7 @@ def handle(d: _Dialect, ext: dict, request) -> Response:
     raw = request.get_data()
     body = parse_json_object(raw, d.what)
     d.module.validate(body)
-    g.model = body.get("model")            # for the metrics: no second parse
+    request.environ[MODEL] = body.get("model")       # for the metrics: no second parse
     changed = prepare(body, settings=settings, catalog=ext["catalog"],
                       system_key=d.system_key, floor_keys=d.floor_keys)
     stream = bool(body.get("stream"))

@@ -46,6 +46,8 @@ def run(metrics, body_parts, *, path="/v1/chat/completions", status=200, stream=
             for _ in resp.response:
                 pass
             resp.response.close()
+        else:
+            resp.close()                  # as the server does once it has sent it
     return Scrape(exposition(metrics.collectors).decode())
 
 
@@ -148,6 +150,7 @@ def test_a_bookkeeping_bug_never_breaks_the_answer(monkeypatch):
         resp = m.observe(Response(json.dumps({"usage": USAGE}), mimetype="application/json"),
                          request, 0.0)
         assert resp.get_json() == {"usage": USAGE}
+        resp.close()
     s = Scrape(exposition(m.collectors).decode())
     assert s.value("proxy_requests_total", status="200") == 2
 
@@ -165,3 +168,35 @@ def test_each_label_child_is_looked_up_once(monkeypatch):
     assert s.value("proxy_requests_total", route="/v1/chat/completions", status="200") == 6
     assert s.value("proxy_prompt_tokens_total", model="tiny") == 6 * 33
     assert s.value("proxy_request_duration_seconds_count", route="/v1/chat/completions") == 6
+
+
+def test_an_answer_leaves_before_the_metrics_read_it(monkeypatch):
+    """What the metrics read of an answer (its events parsed, its usage, the
+    histograms) is read once that piece has gone to the client: never between
+    the backend's token and the client."""
+    from proxy import metrics as pm
+    read = []
+    real = pm._Answer.event
+    monkeypatch.setattr(pm._Answer, "event", lambda self, ev, now: read.append(ev.raw) or
+                        real(self, ev, now))
+    m = Metrics()
+    pieces = split_every(CHAT_STREAM, 40)
+    with APP.test_request_context("/v1/chat/completions", method="POST", json={"model": "t"}):
+        request.get_data()
+        stream = m.observe(Response(iter(pieces), mimetype="text/event-stream"), request, 0.0)
+        it = iter(stream.response)
+        ends = CHAT_STREAM.index(b"\n\n") // 40            # the piece the first event ends in
+        for k in range(ends + 1):
+            assert next(it) == pieces[k]
+        assert read == []                                    # out, not yet read
+        next(it)
+        assert read and read[0].startswith(b"data: {")
+        list(it)
+        stream.response.close()
+        whole = m.observe(Response(json.dumps({"usage": USAGE}), mimetype="application/json"),
+                          request, 0.0)
+        before = Scrape(exposition(m.collectors).decode())
+        whole.close()                                        # the server has sent it
+    after = Scrape(exposition(m.collectors).decode())
+    assert before.value("proxy_prompt_tokens_total", model="t") == 33    # the stream's
+    assert after.value("proxy_prompt_tokens_total", model="t") == 66
