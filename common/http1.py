@@ -55,6 +55,8 @@ except ImportError:                   # no gevent: the standard library's
 READ_SIZE = 65536
 MAX_HEAD = 65536            # an answer's status line and header fields, at most
 END_WAIT = 2.0              # Answer.end(): seconds each read of a body's rest may wait
+SPARE_CONNECT = 2.0         # seconds a spare connection (fresh_after_stream) may take
+MAX_UPSTREAMS = 16          # upstreams whose idle connections a client keeps
 
 # Header fields the client writes itself: framing and the connection are its business.
 _OWN = frozenset({"host", "content-length", "transfer-encoding", "connection",
@@ -106,10 +108,14 @@ class Client:
     """Pooled connections to any number of plain-HTTP upstreams.
 
     `pool_size`: idle connections kept per upstream (more may be open at once;
-    the surplus is closed when released). With `fresh_after_stream`, a
-    connection that carried a streamed (SSE) answer is closed instead of
-    reused: llama-server closes it right after such an answer although it
-    advertises keep-alive, so reused at once it fails."""
+    the surplus is closed when released), for the MAX_UPSTREAMS upstreams
+    used last (the swapper's backends come and go: each container is an
+    upstream of its own). With `fresh_after_stream`, a connection that carried
+    a streamed (SSE) answer is closed instead of reused: llama-server closes it
+    right after such an answer although it advertises keep-alive, so reused at
+    once it fails. A new one is then opened in the background when none is
+    idle, so the next request (an agent's next turn) does not wait for its
+    connection."""
 
     def __init__(self, pool_size: int = 10, fresh_after_stream: bool = False):
         self.pool_size = pool_size
@@ -158,11 +164,33 @@ class Client:
         return None
 
     def release(self, conn: Connection) -> None:
-        idle = self._idle.setdefault(conn.key, [])
+        idle = self._idle.pop(conn.key, None)          # back in at the end: used last
+        if idle is None:
+            idle = []
+            while len(self._idle) >= MAX_UPSTREAMS:    # the upstream used longest ago
+                for old in self._idle.pop(next(iter(self._idle))):
+                    old.close()
+        self._idle[conn.key] = idle
         if len(idle) < self.pool_size:
             idle.append(conn)
         else:
             conn.close()
+
+    def spare(self, key: tuple[str, int]) -> None:
+        """Open a connection to `key` in the background for the next request,
+        unless one is idle already."""
+        if not self._idle.get(key):
+            _background(self._open_spare, key)
+
+    def _open_spare(self, key: tuple[str, int]) -> None:
+        try:
+            conn = _connect(key, SPARE_CONNECT)
+        except requests.RequestException:
+            return                       # the next request will find out for itself
+        if self._idle.get(key):
+            conn.close()                 # one came back meanwhile
+        else:
+            self.release(conn)
 
     def close(self) -> None:
         """Close the idle connections (answers being read keep theirs)."""
@@ -348,8 +376,9 @@ class Answer(requests.Response):
         else:
             self._framing, self._left = "close", 0
             self._reusable = False
-        if client.fresh_after_stream and \
-                (headers.get("content-type") or "").startswith("text/event-stream"):
+        self._spend = client.fresh_after_stream and self._reusable and \
+            (headers.get("content-type") or "").startswith("text/event-stream")
+        if self._spend:
             self._reusable = False
         coding = (headers.get("content-encoding") or "identity").lower()
         if coding not in ("identity", "gzip", "x-gzip", "deflate"):
@@ -439,6 +468,8 @@ class Answer(requests.Response):
             self._client.release(conn)
         else:
             conn.close()
+            if self._spend:                 # spent by a stream: the next one waits ready
+                self._client.spare(conn.key)
 
     def close(self) -> None:
         """Done with the answer: a connection whose body was not read to the end

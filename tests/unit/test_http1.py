@@ -170,14 +170,47 @@ def test_a_pooled_connection_the_server_closed_is_not_used(scripted):
     assert srv.connections == 2
 
 
-def test_a_streamed_answer_spends_its_connection_when_asked(scripted):
+def test_a_streamed_answer_spends_its_connection_when_asked_and_a_spare_waits(scripted):
     sse = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 6\r\n\r\ndata:1"
-    srv = scripted(sse, sse)
+    srv = scripted(sse, sse, OK)
     plain, spending = Client(), Client(fresh_after_stream=True)
     assert plain.request("GET", srv.url + "/").content == b"data:1"
-    assert any(plain._idle.values())
-    assert spending.request("GET", srv.url + "/").content == b"data:1"
-    assert not any(spending._idle.values())
+    assert any(plain._idle.values()) and srv.connections == 1
+    spent = spending.request("GET", srv.url + "/")
+    assert spent.content == b"data:1"
+    # not reused: a new connection opens in the background for the next request
+    _settle(lambda: any(spending._idle.values()))
+    idle = next(iter(spending._idle.values()))
+    assert srv.connections == 3 and len(idle) == 1
+    assert spending.request("GET", srv.url + "/").content == b"ok"
+    assert srv.connections == 3
+
+
+def test_no_spare_when_one_is_idle_or_the_upstream_is_gone(scripted):
+    sse = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 6\r\n\r\ndata:1"
+    srv = scripted(OK, sse)
+    c = Client(fresh_after_stream=True)
+    assert c.request("GET", srv.url + "/").content == b"ok"        # pooled
+    assert c.request("GET", srv.url + "/", fresh=True).content == b"data:1"
+    time.sleep(0.3)
+    assert srv.connections == 2                                    # no spare: one was idle
+    refused = scripted()
+    refused.close()
+    key = ("127.0.0.1", int(refused.url.rsplit(":", 1)[1]))
+    c._open_spare(key)                   # refused: nothing pooled, nothing raised
+    assert not c._idle.get(key)
+
+
+def test_idle_connections_are_kept_for_the_upstreams_used_last(scripted, monkeypatch):
+    monkeypatch.setattr("common.http1.MAX_UPSTREAMS", 2)
+    servers = [scripted(OK, OK) for _ in range(3)]
+    c = Client()
+    for srv in servers:
+        assert c.request("GET", srv.url + "/").content == b"ok"
+    first = ("127.0.0.1", int(servers[0].url.rsplit(":", 1)[1]))
+    assert len(c._idle) == 2 and first not in c._idle
+    assert c.request("GET", servers[1].url + "/").content == b"ok"     # used: kept, last
+    assert list(c._idle)[-1][1] == int(servers[1].url.rsplit(":", 1)[1])
 
 
 def test_interim_answers_are_skipped_and_head_answers_have_no_body(scripted):
