@@ -301,11 +301,48 @@ def stream_response(s: SearchSession, first: requests.Response) -> Response:
     return sse_response(run_stream(s, first))
 
 
-def _relay_round(s: SearchSession, resp: requests.Response, rnd: _Round, head: dict):
+class _Head:
+    """id, created, model and system_fingerprint of the client's stream: the first
+    round's, taken from its first chunk when first needed. That chunk goes out
+    as the backend sent it, unparsed (it lies between the first token and the
+    client; most streams never need their head)."""
+
+    KEYS = ("id", "created", "model", "system_fingerprint")
+
+    def __init__(self):
+        self._raw: bytes | None = None          # the first plain chunk(s), unparsed
+        self._fields: dict | None = None
+
+    def see(self, raw: bytes) -> None:
+        if self._raw is None and self._fields is None:
+            self._raw = raw
+
+    def learn(self, obj: dict) -> None:
+        if self._fields is None and self._raw is None:
+            self._fields = {k: obj[k] for k in self.KEYS if k in obj}
+
+    @property
+    def fields(self) -> dict:
+        if self._fields is None:
+            self._fields = {}
+            for ev in sse.events(self._raw or b""):
+                try:
+                    obj = guard.answer_json(ev.data)
+                except (ValueError, TypeError):
+                    continue
+                if isinstance(obj, dict):
+                    self._fields = {k: obj[k] for k in self.KEYS if k in obj}
+                    break
+            self._raw = None
+        return self._fields
+
+
+def _relay_round(s: SearchSession, resp: requests.Response, rnd: _Round, head: _Head):
     """Relay one backend stream to the client, the events of each read in one write;
     returns False if it ended the stream."""
     for whole in sse.batches(iter_body(resp)):
-        if rnd.first_round and head and _plain(whole):
+        if rnd.first_round and _plain(whole):
+            head.see(whole)
             rnd.turn.texts.append(whole)       # parsed only if the text is needed
             yield whole
             continue
@@ -318,12 +355,13 @@ def _relay_round(s: SearchSession, resp: requests.Response, rnd: _Round, head: d
     return True
 
 
-def _relay_events(s: SearchSession, whole: bytes, rnd: _Round, head: dict,
+def _relay_events(s: SearchSession, whole: bytes, rnd: _Round, head: _Head,
                   out: list) -> bool | None:
     """The client's bytes for the events of one read, into `out`; True at [DONE],
     False when an error ended the stream, None to read on."""
     for raw in sse.split(whole):
-        if rnd.first_round and head and _plain(raw):
+        if rnd.first_round and _plain(raw):
+            head.see(raw)
             rnd.turn.texts.append(raw)
             out.append(raw)
             continue
@@ -344,16 +382,14 @@ def _relay_events(s: SearchSession, whole: bytes, rnd: _Round, head: dict,
         if "error" in obj:
             out += (sse.emit(obj), sse.DONE)
             return False
-        if not head:
-            head.update({k: obj[k] for k in ("id", "created", "model", "system_fingerprint")
-                         if k in obj})
+        head.learn(obj)
         chunk, changed = rnd.feed(obj, s)
         if chunk is None:
             continue
         if not changed:
             out.append(raw)
         else:
-            chunk.update(head)
+            chunk.update(head.fields)
             out.append(sse.emit(chunk))
     return None
 
@@ -412,12 +448,13 @@ def _search_round(s: SearchSession, rnd: _Round):
     s.record(rnd.turn, rnd.rkey, s.searcher.finish(calls, planned))
 
 
-def _final(s: SearchSession, rnd: _Round, head: dict):
+def _final(s: SearchSession, rnd: _Round, head: _Head):
     """The end of the client's stream, in one write: sources, the finish chunk, usage,
     [DONE]."""
     out = []
     fin = rnd.finish_obj or {"object": "chat.completion.chunk",
                              "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    head = head.fields
     fin.update(head)
     fin.pop("usage", None)
     fch = fin["choices"][0]
@@ -444,7 +481,7 @@ def _final(s: SearchSession, rnd: _Round, head: dict):
 
 def run_stream(s: SearchSession, first: requests.Response) -> Iterator[bytes]:
     resp = first
-    head: dict = {}              # id/created/model of the client's stream (first round)
+    head = _Head()               # id/created/model of the client's stream (first round)
     try:
         if headers_now(first):
             yield b""

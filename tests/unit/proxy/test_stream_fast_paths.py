@@ -318,6 +318,23 @@ def test_loop_writes_once_per_read_and_parses_no_plain_chunk(pool, monkeypatch):
     assert pieces[:4] == [LOADING, ROLE, *text("Hel", "lo")]
 
 
+def test_the_first_chunk_goes_out_unparsed(pool, monkeypatch):
+    """It lies between the backend's first token and the client: the stream's
+    head (id, created, model) is read from it only when a chunk of ours needs it."""
+    parsed = []
+    real = loop.guard.answer_json
+    monkeypatch.setattr(loop.guard, "answer_json", lambda raw: parsed.append(raw) or real(raw))
+    up = Upstream([ANSWER], lambda d: reference_events(d)[0])
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "q"}]}
+    loop.inject_tool(body)
+    s = loop.SearchSession(body, settings=Settings.from_env({}), upstream=up, searx=Searx(),
+                           metrics=Metrics(), executor=pool, headers={})
+    out = loop.run_stream(s, s.call_model(stream=True))
+    assert [next(out), next(out), next(out)] == [LOADING, ROLE, text("Hel")[0]]
+    assert parsed == []
+    assert b"".join(out).endswith(sse.DONE)    # the head, when needed: the slow path's bytes
+
+
 def test_plain_is_strict():
     assert loop._plain(b"".join(text("a", "b")))
     for e in (ROLE + FINISH, FINISH, USAGE, LOADING, sse.DONE, call(0, "x"), SPACED[1],
