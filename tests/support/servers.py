@@ -51,6 +51,15 @@ def wait_http(url: str, deadline_s: float = 30.0, ok=(200,), proc=None) -> reque
     raise TimeoutError(f"{url} not ready after {deadline_s} s: {last}")
 
 
+def wait_until(predicate, what: str, deadline: float = 5.0) -> None:
+    """Poll until predicate() holds; fail naming `what` after `deadline` seconds
+    (a wait for something done in the background, not an assertion on time)."""
+    end = time.monotonic() + deadline
+    while not predicate():
+        assert time.monotonic() < end, f"{what}: not within {deadline} s"
+        time.sleep(0.01)
+
+
 class ScriptedServer:
     """Base of the scripted test servers: a subclass sets `self.app`; `with`
     serves it on a free loopback port and sets `self.url`."""

@@ -17,6 +17,7 @@ from swapper.runtime import BackendError
 from swapper.scheduler import IDLE, LOADING, READY, STOPPING, LoadFailed, Scheduler
 from swapper.settings import Settings
 from tests.support.fake_runtime import FakeRuntime
+from tests.support.servers import wait_until
 
 
 def spec(model_id: str, slots: int = 1, idle_ttl: float = 0.0) -> ModelSpec:
@@ -380,13 +381,6 @@ def test_a_container_prepared_for_another_model_is_not_started(world):
 
 
 # ------------------------------------------------------------ Docker's events
-def wait_until(predicate, what: str, deadline: float = 5.0):
-    end = time.monotonic() + deadline
-    while not predicate():
-        assert time.monotonic() < end, f"{what}: not within {deadline} s"
-        time.sleep(0.01)
-
-
 def test_a_death_is_noticed_from_dockers_events_and_the_watch_stops_polling(world):
     resume = threading.Event()
 
