@@ -13,7 +13,7 @@ from common.failures import reason
 from common import guard
 from common.guard import harden
 from common.hotpath import install
-from common.streaming import forward_headers, iter_upstream, relay
+from common.streaming import forward_headers, iter_upstream, relay, sse_response
 
 from . import dialects, normalize
 from .metrics import MODEL, NOT_READ, T0, Metrics
@@ -122,7 +122,7 @@ def create_app(settings: Settings | None = None) -> Flask:
             first = s.call_model(stream=True)
             if first.status_code != 200:
                 return relay(first)          # the upstream's error, untouched
-            return loop.stream_response(s, first)
+            return sse_response(loop.run_stream(s, first))
 
         data = guard.dumps(body) if changed else raw
         r = upstream.request("POST", "/v1/chat/completions", headers=forward_headers(

@@ -13,7 +13,7 @@ from typing import Any
 from flask import Response
 
 from common import guard
-from common.streaming import forward_headers, iter_upstream, relay
+from common.streaming import forward_headers, iter_upstream, relay, sse_response
 
 from ..metrics import MODEL
 from ..search.engine import Searcher
@@ -67,7 +67,7 @@ def handle(d: _Dialect, ext: dict, request) -> Response:
             first.close()
             return Response(content, status=first.status_code,
                             headers=forward_headers(first.headers))
-        return d.module.stream_response(s, first)
+        return sse_response(d.module.run_stream(s, first))
     if tool is not None:
         d.module.strip_search_tool(body)
     # nothing to change: the client's bytes, as they came

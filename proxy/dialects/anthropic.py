@@ -22,7 +22,7 @@ from flask import Response
 
 from common import sse
 from common.errors import ApiError
-from common.streaming import headers_now, iter_body, sse_response
+from common.streaming import headers_now, iter_body
 
 from ..search import engine
 from ..search.engine import Search, Step, Turn, cited, decide, new_id
@@ -338,10 +338,6 @@ def run_nonstream(s: MessagesSession) -> Response:
 
 
 # ================================================================= streaming
-
-def stream_response(s: MessagesSession, first: requests.Response) -> Response:
-    return sse_response(run_stream(s, first))
-
 
 def _error_event(message: str, status: int) -> bytes:
     return event("error", error_obj(message, status))

@@ -22,7 +22,7 @@ import requests
 from flask import Response
 
 from common.errors import ApiError
-from common.streaming import headers_now, sse_response
+from common.streaming import headers_now
 
 from ..search import engine
 from ..search.engine import Search, Step, Turn, decide, new_id
@@ -242,10 +242,6 @@ def run_nonstream(s: ResponsesSession) -> Response:
 
 
 # ================================================================= streaming
-
-def stream_response(s: ResponsesSession, first: requests.Response) -> Response:
-    return sse_response(run_stream(s, first))
-
 
 class _Out:
     """The client's stream: one sequence of numbered events."""

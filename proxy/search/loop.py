@@ -25,7 +25,7 @@ from flask import Response
 
 from common import guard, sse
 from common.errors import ApiError, error_body
-from common.streaming import forward_headers, headers_now, iter_body, sse_response
+from common.streaming import forward_headers, headers_now, iter_body
 
 from .. import normalize
 from .engine import TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, Search, Searcher, Step, \
@@ -213,7 +213,7 @@ def run_nonstream(s: SearchSession) -> Response:
                 changed = True
                 obj["usage"] = {**(obj.get("usage") or {}), **s.usage}
             # An answer of one round that needs no change leaves as the backend sent it.
-            return Response(guard.dumps(obj) if changed else r.content, status=200,
+            return Response(guard.dumps(obj) if changed else raw, status=200,
                             mimetype="application/json")
     finally:
         s.done()
@@ -295,10 +295,6 @@ class _Round:
             return None, True
         ch["delta"] = delta
         return obj, True
-
-
-def stream_response(s: SearchSession, first: requests.Response) -> Response:
-    return sse_response(run_stream(s, first))
 
 
 class _Head:
