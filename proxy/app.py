@@ -13,14 +13,14 @@ from common.failures import reason
 from common import guard
 from common.guard import harden
 from common.hotpath import install
-from common.streaming import forward_headers, iter_upstream, relay, sse_response
+from common.streaming import forward_headers, relay, sse_response
 
 from . import dialects, normalize
 from .metrics import MODEL, NOT_READ, T0, Metrics
 from .search import loop
 from .search.searxng import SearxngClient
 from .settings import Settings
-from .upstream import ModelCatalog, Upstream
+from .upstream import ModelCatalog, Upstream, streamed
 
 ADMIN_ROUTES = ("/load", "/load/<path:model>", "/unload", "/running",
                 "/upstream/<path:rest>", "/logs", "/logs/<path:rest>", "/events",
@@ -116,7 +116,8 @@ def create_app(settings: Settings | None = None) -> Flask:
 
         if search:
             s = loop.SearchSession(body, settings=settings, upstream=upstream, searx=searx,
-                                   metrics=metrics, executor=executor, headers=req.headers)
+                                   metrics=metrics, executor=executor, headers=req.headers,
+                                   environ=req.environ)
             if not stream:
                 return loop.run_nonstream(s)
             first = s.call_model(stream=True)
@@ -129,7 +130,7 @@ def create_app(settings: Settings | None = None) -> Flask:
             req.headers), data=data, stream=True, environ=req.environ,
             read_body=not stream)
         if stream:
-            return relay(r, body=normalize.normalize_sse(iter_upstream(r)))
+            return relay(r, body=normalize.normalize_sse(streamed(r, req.environ)))
         content = normalize.normalize_completion_bytes(r.content)
         r.close()
         return Response(content, status=r.status_code, headers=forward_headers(r.headers))

@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Iterator
 
 import requests
 
 from common.disconnect import ClientGone, call_watching_client
 from common.failures import classify, failure, not_reached, reason
 from common.http1 import Client
+from common.streaming import headers_now, iter_body
 
 log = logging.getLogger("proxy.upstream")
 
@@ -73,6 +75,38 @@ class Upstream:
                 raise failure(cause, f"upstream {self.base_url} "
                                      f"{_WHAT.get(cause, 'failed')}: {reason(e)} ({url})") from e
         raise AssertionError("unreachable")
+
+
+def watched(resp: requests.Response, environ: dict | None) -> Iterator[bytes]:
+    """The body of a streamed answer; the reads that wait for its first byte
+    watch the client (call_watching_client). A backend that sent its head is
+    still prefilling then, and a gone client writes nothing that could fail:
+    only the watch cuts the upstream. After the first byte every piece is
+    written to the client, and a write to a gone client ends the stream."""
+    it = iter_body(resp)
+    if environ is not None:
+        while True:
+            piece = call_watching_client(lambda: next(it, None), environ)
+            if piece is None:
+                return
+            yield piece
+            if piece:
+                break
+    yield from it
+
+
+def streamed(resp: requests.Response, environ: dict | None) -> Iterator[bytes]:
+    """A streamed answer's body to relay (common.streaming.relay(resp, body=...)):
+    its head at once (headers_now), its first byte awaited watching the client,
+    the upstream closed at the end, whatever ends it."""
+    try:
+        if headers_now(resp):
+            yield b""
+        yield from watched(resp, environ)
+    except ClientGone:
+        pass
+    finally:
+        resp.close()
 
 
 _WHAT = {"unreachable": "unreachable", "closed_early": "closed the connection",

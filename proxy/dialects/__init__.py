@@ -13,10 +13,11 @@ from typing import Any
 from flask import Response
 
 from common import guard
-from common.streaming import forward_headers, iter_upstream, relay, sse_response
+from common.streaming import forward_headers, relay, sse_response
 
 from ..metrics import MODEL
 from ..search.engine import Searcher
+from ..upstream import streamed
 from . import anthropic, responses, translate
 from .base import parse_json_object, prepare
 
@@ -57,7 +58,7 @@ def handle(d: _Dialect, ext: dict, request) -> Response:
                             allowed=tool.get("allowed_domains") or filters.get("allowed_domains"),
                             blocked=tool.get("blocked_domains") or filters.get("blocked_domains"))
         s = d.session(body, settings=settings, upstream=ext["upstream"], searcher=searcher,
-                      headers=request.headers, chat_only=chat_only)
+                      headers=request.headers, chat_only=chat_only, environ=request.environ)
         if not stream:
             return d.module.run_nonstream(s)
         first = s.call(stream=True)
@@ -76,10 +77,10 @@ def handle(d: _Dialect, ext: dict, request) -> Response:
                        headers=forward_headers(request.headers), stream=stream,
                        chat_only=chat_only, environ=request.environ)
     if stream and r.status_code == 200:
+        chunks = streamed(r, request.environ)
         if d is MESSAGES:
-            return relay(r, body=anthropic.with_message_start(iter_upstream(r),
-                                                              body.get("model")))
-        return relay(r)
+            chunks = anthropic.with_message_start(chunks, body.get("model"))
+        return relay(r, body=chunks)
     content = r.content
     r.close()
     return Response(content, status=r.status_code, headers=forward_headers(r.headers))

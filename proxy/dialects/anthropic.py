@@ -22,11 +22,13 @@ from flask import Response
 
 from common import sse
 from common.errors import ApiError
-from common.streaming import headers_now, iter_body
+from common.disconnect import ClientGone
+from common.streaming import headers_now
 
 from ..search import engine
 from ..search.engine import Search, Step, Turn, cited, decide, new_id
 from . import translate
+from ..upstream import watched
 from .base import TOOL_NAME, DialectSession, event
 
 SERVER_TOOL_TYPES = ("web_search_20250305", "web_search_20260209")
@@ -137,7 +139,8 @@ class MessagesSession(DialectSession):
 
     def batches(self, resp):
         """The backend's events, beginning with message_start (with_message_start)."""
-        return sse.json_batches(with_message_start(iter_body(resp), self.body.get("model")))
+        return sse.json_batches(with_message_start(watched(resp, self.environ),
+                                                   self.body.get("model")))
 
     def round_body(self, stream: bool) -> dict:
         b = {k: v for k, v in self.body.items() if k not in ("tools", "messages")}
@@ -514,6 +517,8 @@ def run_stream(s: MessagesSession, first: requests.Response) -> Iterator[bytes]:
                 "usage": _usage(s, inp, out)})
             yield event("message_stop", {"type": "message_stop"})
             return
+    except ClientGone:
+        return
     except ApiError as e:
         yield _error_event(e.message, e.status)
     except requests.RequestException as e:

@@ -9,10 +9,11 @@ import requests
 
 from common import guard, sse
 from common.sse import event
-from common.streaming import forward_headers, iter_body
+from common.streaming import forward_headers
 
 from .. import normalize
 from ..search.engine import Searcher, TOOL_NAME
+from ..upstream import watched
 from . import translate
 
 __all__ = ["DialectSession", "event", "prepare", "TOOL_NAME", "parse_json_object"]
@@ -54,8 +55,9 @@ class DialectSession:
     path = ""
 
     def __init__(self, body: dict, *, settings, upstream, searcher: Searcher, headers,
-                 chat_only: set):
+                 chat_only: set, environ: dict | None = None):
         self.body = body
+        self.environ = environ      # the client's: its hang-up cuts the backend's work
         self.chat_only = chat_only
         self.settings = settings
         self.upstream = upstream
@@ -70,11 +72,11 @@ class DialectSession:
         body = self.round_body(stream)
         data = guard.dumps(body)
         return translate.send(self.upstream, self.path, body, data, headers=self.headers,
-                              stream=stream, chat_only=self.chat_only)
+                              stream=stream, chat_only=self.chat_only, environ=self.environ)
 
     def batches(self, resp: requests.Response) -> Iterator[list[tuple[str | None, dict]]]:
         """The backend's SSE events as (event name, JSON object), one list per read
         (the client gets what they make in one write); ends at [DONE]. A comment
         (the swapper's progress while a model loads) comes as (":", its raw bytes),
         for the dialect to pass on to its client."""
-        return sse.json_batches(iter_body(resp))
+        return sse.json_batches(watched(resp, self.environ))

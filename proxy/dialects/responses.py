@@ -21,6 +21,7 @@ from typing import Iterator
 import requests
 from flask import Response
 
+from common.disconnect import ClientGone
 from common.errors import ApiError
 from common.streaming import headers_now
 
@@ -409,6 +410,8 @@ def run_stream(s: ResponsesSession, first: requests.Response) -> Iterator[bytes]
             yield emit({"type": "response.incomplete" if status == "incomplete"
                         else "response.completed", "response": final})
             return
+    except ClientGone:
+        return
     except ApiError as e:
         yield from failed(e.message, e.code or "error")
     except requests.RequestException as e:

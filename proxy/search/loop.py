@@ -25,9 +25,11 @@ from flask import Response
 
 from common import guard, sse
 from common.errors import ApiError, error_body
-from common.streaming import forward_headers, headers_now, iter_body
+from common.disconnect import ClientGone
+from common.streaming import forward_headers, headers_now
 
 from .. import normalize
+from ..upstream import watched
 from .engine import TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS, Search, Searcher, Step, \
     Turn, decide
 from .searxng import SearxngClient
@@ -88,8 +90,9 @@ class SearchSession:
     """One chat request with web_search injected: the backend body and the Searcher."""
 
     def __init__(self, body: dict, *, settings, upstream, searx: SearxngClient, metrics,
-                 executor: cf.Executor, headers):
+                 executor: cf.Executor, headers, environ: dict | None = None):
         self.body = body
+        self.environ = environ      # the client's: its hang-up cuts the backend's work
         self.settings = settings
         self.upstream = upstream
         self.searcher = Searcher(settings=settings, searx=searx, metrics=metrics,
@@ -119,7 +122,8 @@ class SearchSession:
     def call_model(self, stream: bool) -> requests.Response:
         data = guard.dumps(self.round_body(stream))
         return self.upstream.request("POST", CHAT_PATH, headers=self.headers, data=data,
-                                     stream=stream)
+                                     stream=stream, environ=self.environ,
+                                     read_body=not stream)
 
     def record(self, turn: Turn, reasoning_key: str | None,
                searches: list[Search]) -> None:
@@ -336,7 +340,7 @@ class _Head:
 def _relay_round(s: SearchSession, resp: requests.Response, rnd: _Round, head: _Head):
     """Relay one backend stream to the client, the events of each read in one write;
     returns False if it ended the stream."""
-    for whole in sse.batches(iter_body(resp)):
+    for whole in sse.batches(watched(resp, s.environ)):
         if rnd.first_round and _plain(whole):
             head.see(whole)
             rnd.turn.texts.append(whole)       # parsed only if the text is needed
@@ -502,6 +506,8 @@ def run_stream(s: SearchSession, first: requests.Response) -> Iterator[bytes]:
             else:
                 yield from _final(s, rnd, head)
             return
+    except ClientGone:
+        return
     except ApiError as e:
         yield sse.emit(error_body(e.message, e.status, e.type, e.code)) + sse.DONE
     except requests.RequestException as e:

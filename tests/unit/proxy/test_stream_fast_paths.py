@@ -224,7 +224,7 @@ class Upstream:
         self.cutter = cutter
         self.bodies = []
 
-    def request(self, method, path, headers=None, data=None, stream=False):
+    def request(self, method, path, headers=None, data=None, stream=False, **_):
         self.bodies.append(json.loads(data))
         return Resp(self.cutter(b"".join(self.rounds.pop(0))))
 
