@@ -3,7 +3,8 @@
 Layout of a registry folder (BACKENDS_DIR):
 
     kinds/<kind>.yaml     what every model of a kind shares (llamacpp, vllm)
-    models/*.yaml         `models:` mapping model id -> spec
+    models/*.yaml         `models:` mapping model id -> spec, and optionally
+                          `model_patterns:` (names agents ask for -> a registry model)
 
 A model spec is its kind's template overlaid with the model's own keys.
 `${VAR}` and `${VAR:-default}` are interpolated from the environment in every
@@ -12,6 +13,7 @@ type) raises RegistryError naming the file and key; the swapper refuses to start
 """
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 from dataclasses import dataclass, field
@@ -49,7 +51,17 @@ MODEL_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "vision": (bool, False),
     "healthcheck": (list, False),
     "user": (str, False),
+    "late_system": (str, False),
+    "preserve_reasoning": (bool, False),
 }
+
+LATE_SYSTEM = ("convert", "merge", "keep")
+
+# Names agents ask for on their own (Claude Code's claude-* tiers: opus/sonnet, haiku for
+# background work; Codex's gpt-5* defaults) when no `model_patterns` is configured.
+RESIDENT, DEFAULT = "@resident", "@default"
+DEFAULT_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("claude-*", RESIDENT), ("gpt-5*", RESIDENT), ("codex-*", RESIDENT))
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -86,6 +98,8 @@ class ModelSpec:
     healthcheck: tuple[str, ...] = ()
     user: str | None = None          # uid[:gid] the container runs as (None: the image's)
     vision: bool = False            # takes image parts (llama.cpp: has an --mmproj)
+    late_system: str = "convert"    # system messages not first: convert | merge | keep (proxy/agents.py)
+    preserve_reasoning: bool = False  # template keeps earlier turns' reasoning (preserve_thinking)
 
     def public(self) -> dict:
         """The entry /v1/models shows for this model."""
@@ -102,7 +116,25 @@ class ModelSpec:
             "system_prompt": self.system_prompt,
             "max_tokens_floor": self.max_tokens_floor,
             "vision": self.vision,
+            "late_system": self.late_system,
+            "preserve_reasoning": self.preserve_reasoning,
         }
+
+
+@dataclass(frozen=True)
+class ModelPattern:
+    """Model names matching `match` (a shell-style glob, case-sensitive) that name no
+    registry model go to `use`: a model id or alias, `@resident` (the resident or
+    loading model, else the default: never a swap) or `@default`."""
+    match: str
+    use: str
+    source: str = "built-in default"
+
+    def __post_init__(self):
+        object.__setattr__(self, "_re", re.compile(fnmatch.translate(self.match)))
+
+    def matches(self, name: str) -> bool:
+        return self._re.match(name) is not None
 
 
 def interpolate(value: Any, env: Mapping[str, str]) -> Any:
@@ -211,6 +243,9 @@ def _to_spec(model_id: str, raw: dict, where: str, kinds: dict, env: Mapping[str
         raise RegistryError(f"{where_m}: key 'health_path' must start with '/'")
     if not values["image"]:
         raise RegistryError(f"{where_m}: key 'image' is empty")
+    if values.get("late_system", "convert") not in LATE_SYSTEM:
+        raise RegistryError(f"{where_m}: key 'late_system' must be one of "
+                            f"{', '.join(LATE_SYSTEM)}, got {values['late_system']!r}")
 
     port = values["port"]
     def fill(key: str) -> list[str]:
@@ -243,13 +278,35 @@ def _to_spec(model_id: str, raw: dict, where: str, kinds: dict, env: Mapping[str
         healthcheck=tuple(str(a).format(port=port, id=model_id)
                           for a in values.get("healthcheck", [])),
         user=values.get("user") or None,
+        late_system=values.get("late_system", "convert"),
+        preserve_reasoning=values.get("preserve_reasoning", False),
     )
+
+
+def _patterns(raw: Any, where: str, env: Mapping[str, str]) -> list[ModelPattern]:
+    if not isinstance(raw, list):
+        raise RegistryError(f"{where}: key 'model_patterns' must be a list of "
+                            f"{{match: <glob>, use: <model | @resident | @default>}}")
+    out = []
+    for i, entry in enumerate(interpolate(raw, env)):
+        at = f"{where}: model_patterns[{i}]"
+        if not isinstance(entry, dict):
+            raise RegistryError(f"{at} must be a mapping with keys 'match' and 'use'")
+        extra = set(entry) - {"match", "use"}
+        if extra:
+            raise RegistryError(f"{at}: unknown key '{sorted(extra)[0]}' (known: match, use)")
+        for key in ("match", "use"):
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise RegistryError(f"{at}: key '{key}' must be a non-empty string")
+        out.append(ModelPattern(entry["match"], entry["use"], at))
+    return out
 
 
 class Registry:
     """The models this stack may start, by id and by alias."""
 
-    def __init__(self, models: list[ModelSpec], default: str | None = None):
+    def __init__(self, models: list[ModelSpec], default: str | None = None,
+                 patterns: list[ModelPattern] | None = None):
         self.models: dict[str, ModelSpec] = {m.id: m for m in models}
         self._names: dict[str, str] = {}
         for m in models:
@@ -259,13 +316,48 @@ class Registry:
             raise RegistryError(f"DEFAULT_MODEL {default!r} is not a registered model or alias "
                                 f"(known: {', '.join(self.models)})")
         self.default = self._names[default] if default else (models[0].id if models else None)
+        if patterns is None:
+            patterns = [ModelPattern(m, u) for m, u in DEFAULT_PATTERNS]
+        for p in patterns:
+            if p.use not in (RESIDENT, DEFAULT) and p.use not in self._names:
+                raise RegistryError(f"{p.source}: key 'use': {p.use!r} is not a registered model "
+                                    f"or alias, {RESIDENT} or {DEFAULT} "
+                                    f"(known: {', '.join(self.models)})")
+        self.patterns: tuple[ModelPattern, ...] = tuple(patterns)
 
-    def resolve(self, name: str | None) -> ModelSpec | None:
-        """The spec for an id or alias (None or '' = the default model)."""
+    def lookup(self, name: str | None) -> ModelSpec | None:
+        """The spec for an id or alias only (None or '' = the default model): for names
+        an operator writes (/load, PRELOAD), where a typo must stay a 404."""
         if not name:
             return self.models.get(self.default) if self.default else None
         model_id = self._names.get(name)
         return self.models[model_id] if model_id else None
+
+    def resolve(self, name: str | None, resident: str | None = None) -> ModelSpec | None:
+        """The spec for an id or alias (None or '' = the default model); else for a name
+        matching `model_patterns` (agents' own tier names), its target, where
+        `@resident` is `resident` (the resident or loading model's name) else the
+        default; else None."""
+        spec = self.lookup(name)
+        if spec is not None or not name:
+            return spec
+        p = self.mapping(name)
+        if p is None:
+            return None
+        if p.use == RESIDENT:
+            return self.lookup(resident) if resident and resident in self._names \
+                else self.lookup(None)
+        return self.lookup(None if p.use == DEFAULT else p.use)
+
+    def mapping(self, name: str | None) -> ModelPattern | None:
+        """The pattern that maps `name`, or None when it is an id or alias (or no
+        pattern matches): what a metric of mapped names counts by (`match`)."""
+        if not name or name in self._names:
+            return None
+        for p in self.patterns:
+            if p.matches(name):
+                return p
+        return None
 
     def __iter__(self):
         return iter(self.models.values())
@@ -282,16 +374,22 @@ class Registry:
             raise RegistryError(f"{root}: registry folder not found")
         kinds = load_kinds(root / "kinds")
         models: list[ModelSpec] = []
+        patterns: list[ModelPattern] | None = None
         seen: dict[str, str] = {}
         files = sorted((root / "models").glob("*.y*ml"))
         if not files:
             raise RegistryError(f"{root / 'models'}: no model files (*.yaml)")
         for path in files:
             data = _load_yaml(path) or {}
-            if not isinstance(data, dict) or set(data) - {"models"}:
-                extra = ", ".join(sorted(set(data) - {"models"})) if isinstance(data, dict) else ""
-                raise RegistryError(f"{path}: expected a single top-level key 'models'"
+            top = {"models", "model_patterns"}
+            if not isinstance(data, dict) or set(data) - top:
+                extra = ", ".join(sorted(set(data) - top)) if isinstance(data, dict) else ""
+                raise RegistryError(f"{path}: expected the top-level keys 'models' and "
+                                    f"optionally 'model_patterns'"
                                     + (f" (unknown key '{extra}')" if extra else ""))
+            if "model_patterns" in data:
+                # files in name order, first match wins; any file's list replaces the defaults
+                patterns = (patterns or []) + _patterns(data["model_patterns"] or [], str(path), env)
             entries = data.get("models") or {}
             if not isinstance(entries, dict):
                 raise RegistryError(f"{path}: key 'models' must map model ids to specs")
@@ -306,4 +404,4 @@ class Registry:
                                             f"used by {seen[name]}")
                     seen[name] = f"{path} (model '{model_id}')"
                 models.append(spec)
-        return cls(models, default=default or None)
+        return cls(models, default=default or None, patterns=patterns)

@@ -78,3 +78,207 @@ def searching_model(body: dict, path: str) -> Reply:
             return Reply(tool_calls=[call("web_search", {"query": QUERY})])
         return Reply(content="ok")
     return Reply(content="ok")
+
+
+# ------------------------------------------------- captured traffic, rendered as llama-server does
+
+TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "templates")
+
+
+def captured(agent: str) -> list[list[dict]]:
+    """The captured sessions of "claude" (Claude Code 2.1.197, Anthropic Messages) or
+    "codex" (Codex 0.171.0, Responses): a list of sessions, each the request bodies in
+    the order the CLI sent them (tests/fixtures/templates/README.md)."""
+    import copy
+    name = {"claude": "claude-code-2.1.197.json", "codex": "codex-0.171.0.json"}[agent]
+    with open(os.path.join(TEMPLATES, name)) as f:
+        doc = json.load(f)
+    key, prev, out = doc["list_key"], {}, []
+    for turns in doc["sessions"]:
+        bodies = []
+        for d in turns:
+            cur = copy.deepcopy(prev)
+            for k in d.get("del", []):
+                cur.pop(k)
+            cur.update(copy.deepcopy(d.get("set", {})))
+            cur[key] = copy.deepcopy(prev.get(key, [])[:d["keep"]]) + copy.deepcopy(d["tail"])
+            bodies.append(cur)
+            prev = cur
+        out.append(bodies)
+    return out
+
+
+def _mask_cch(text: str) -> str:
+    """llama.cpp's own normalize_anthropic_billing_header: a 5-character `cch=` value
+    followed by ';' becomes 'fffff' (nothing else of the header is touched)."""
+    if not text.startswith("x-anthropic-billing-header:"):
+        return text
+    i = text.find("cch=", len("x-anthropic-billing-header:"))
+    if i >= 0 and i + 9 < len(text) and text[i + 9] == ";":
+        text = text[:i + 4] + "fffff" + text[i + 9:]
+    return text
+
+
+def anthropic_to_chat(body: dict) -> dict:
+    """tools/server/server-chat.cpp server_chat_convert_anthropic_to_oai (llama.cpp of
+    the test bed), the parts that reach the template: `system` (blocks' texts joined
+    with nothing, cch masked) first; text blocks kept, thinking -> reasoning_content,
+    tool_use -> tool_calls, tool_result -> tool messages after the message; tools ->
+    function tools; chat_template_kwargs passed through; metadata kept aside."""
+    msgs: list[dict] = []
+    system = body.get("system")
+    if system is not None:
+        if isinstance(system, str):
+            text = _mask_cch(system)
+        else:
+            text = "".join(_mask_cch(b.get("text", "")) for b in system
+                           if isinstance(b, dict) and b.get("type") == "text")
+        msgs.append({"role": "system", "content": text})
+    for m in body["messages"]:
+        c = m.get("content")
+        if not isinstance(c, list):
+            msgs.append(m)
+            continue
+        parts, calls, results, reasoning = [], [], [], ""
+        for b in c:
+            t = b.get("type")
+            if t == "text":
+                parts.append(b)
+            elif t == "thinking":
+                reasoning += b.get("thinking", "")
+            elif t == "tool_use":
+                calls.append({"id": b.get("id", ""), "type": "function",
+                              "function": {"name": b.get("name", ""),
+                                           "arguments": json.dumps(b.get("input", {}))}})
+            elif t == "tool_result":
+                rc = b.get("content")
+                text = rc if isinstance(rc, str) else "".join(
+                    x.get("text", "") for x in rc or [] if x.get("type") == "text")
+                results.append({"role": "tool", "tool_call_id": b.get("tool_use_id", ""),
+                                "content": text})
+        if parts or calls or reasoning:
+            new = {"role": m["role"], "content": parts if parts else ""}
+            if calls:
+                new["tool_calls"] = calls
+            if reasoning:
+                new["reasoning_content"] = reasoning
+            msgs.append(new)
+        msgs.extend(results)
+    out = {"messages": msgs,
+           "tools": [{"type": "function", "function": {
+               "name": t.get("name", ""), "description": t.get("description", ""),
+               "parameters": t.get("input_schema", {})}} for t in body.get("tools") or []]}
+    if "chat_template_kwargs" in body:
+        out["chat_template_kwargs"] = body["chat_template_kwargs"]
+    return out
+
+
+def responses_to_chat(body: dict) -> dict:
+    """server_chat_convert_responses_to_chatcmpl: `instructions` a system message first;
+    message items kept (input_text -> text); function_call / reasoning items join the
+    assistant message before them (or start one); function_call_output -> tool messages;
+    only `function` tools (custom, tool_search, web_search are skipped)."""
+    msgs: list[dict] = []
+    if "instructions" in body:
+        msgs.append({"role": "system", "content": body.get("instructions") or ""})
+    items = body["input"]
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    for it in items:
+        it = dict(it)
+        merge = bool(msgs) and msgs[-1].get("role") == "assistant"
+        if isinstance(it.get("content"), str):
+            it["content"] = [{"type": "input_text", "text": it["content"]}]
+        role, typ = it.get("role"), it.get("type")
+        if role in ("user", "system", "developer") and isinstance(it.get("content"), list):
+            it["content"] = [{"type": "text", "text": p["text"]} for p in it["content"]]
+            it.pop("type", None)
+            it.pop("status", None)
+            msgs.append(it)
+        elif role == "assistant" and typ == "message":
+            parts = [{"type": "text", "text": p["text"]} for p in it.get("content") or []]
+            if merge:
+                msgs[-1].setdefault("content", [])
+                msgs[-1]["content"] = (msgs[-1]["content"] or []) + parts
+            else:
+                msgs.append({"role": "assistant", "content": parts})
+        elif typ == "function_call":
+            call_ = {"function": {"arguments": it["arguments"], "name": it["name"]},
+                     "id": it["call_id"], "type": "function"}
+            if merge:
+                msgs[-1].setdefault("tool_calls", []).append(call_)
+            else:
+                msgs.append({"role": "assistant", "tool_calls": [call_]})
+        elif typ == "function_call_output":
+            msgs.append({"content": it["output"], "role": "tool", "tool_call_id": it["call_id"]})
+        elif typ == "reasoning":
+            text = it["content"][0]["text"]
+            if merge:
+                msgs[-1]["reasoning_content"] = text
+            else:
+                msgs.append({"role": "assistant", "content": [], "reasoning_content": text})
+        else:
+            raise ValueError(f"Cannot determine type of 'item': {it}")
+    tools = []
+    for t in body.get("tools") or []:
+        if t.get("type") != "function":
+            continue
+        f = {k: v for k, v in t.items() if k != "type"}
+        f.setdefault("strict", True)
+        tools.append({"type": "function", "function": f})
+    out = {"messages": msgs, "tools": tools}
+    if "chat_template_kwargs" in body:
+        out["chat_template_kwargs"] = body["chat_template_kwargs"]
+    return out
+
+
+def template_inputs(chat: dict) -> dict:
+    """common/chat.cpp's last steps before the template: developer -> system, tool-call
+    arguments parsed to objects (templates iterating `arguments|items`), content and
+    reasoning trimmed, chat_template_kwargs as template variables."""
+    msgs = []
+    for m in chat["messages"]:
+        m = dict(m)
+        if m.get("role") == "developer":
+            m["role"] = "system"
+        c = m.get("content")
+        if isinstance(c, str):
+            m["content"] = c.strip()
+        elif isinstance(c, list):
+            m["content"] = [{**p, "text": p["text"].strip()} if "text" in p else p for p in c]
+        if isinstance(m.get("reasoning_content"), str):
+            m["reasoning_content"] = m["reasoning_content"].strip()
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{**tc, "function": {**tc["function"], "arguments":
+                                json.loads(tc["function"]["arguments"])}}
+                               if isinstance(tc["function"].get("arguments"), str) else tc
+                               for tc in m["tool_calls"]]
+        msgs.append(m)
+    kw = {"messages": msgs, "tools": chat.get("tools") or None}
+    kw.update(chat.get("chat_template_kwargs") or {})
+    return kw
+
+
+def render(template: str, chat: dict, add_generation_prompt: bool = True) -> str:
+    """The prompt a chat template makes of a chat body, rendered as Hugging Face (and
+    vLLM) do, which llama.cpp's jinja engine follows: sandboxed, trim/lstrip blocks,
+    `raise_exception`, `tojson` without ASCII escaping."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: \
+        json.dumps(x, ensure_ascii=False, indent=indent, separators=separators,
+                   sort_keys=sort_keys)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render(add_generation_prompt=add_generation_prompt,
+                                            **template_inputs(chat))
+
+
+def qwen35() -> str:
+    with open(os.path.join(TEMPLATES, "Qwen3.5-4B.jinja")) as f:
+        return f.read()
