@@ -60,6 +60,7 @@ LATE_SYSTEM = ("convert", "merge", "keep")
 # Names agents ask for on their own (Claude Code's claude-* tiers: opus/sonnet, haiku for
 # background work; Codex's gpt-5* defaults) when no `model_patterns` is configured.
 RESIDENT, DEFAULT = "@resident", "@default"
+_STRICT = object()      # resolve() without `resident`: ids and aliases only
 DEFAULT_PATTERNS: tuple[tuple[str, str], ...] = (
     ("claude-*", RESIDENT), ("gpt-5*", RESIDENT), ("codex-*", RESIDENT))
 
@@ -326,26 +327,28 @@ class Registry:
         self.patterns: tuple[ModelPattern, ...] = tuple(patterns)
 
     def lookup(self, name: str | None) -> ModelSpec | None:
-        """The spec for an id or alias only (None or '' = the default model): for names
-        an operator writes (/load, PRELOAD), where a typo must stay a 404."""
+        """The spec for an id or alias only (None or '' = the default model)."""
         if not name:
             return self.models.get(self.default) if self.default else None
         model_id = self._names.get(name)
         return self.models[model_id] if model_id else None
 
-    def resolve(self, name: str | None, resident: str | None = None) -> ModelSpec | None:
-        """The spec for an id or alias (None or '' = the default model); else for a name
-        matching `model_patterns` (agents' own tier names), its target, where
-        `@resident` is `resident` (the resident or loading model's name) else the
-        default; else None."""
+    def resolve(self, name: str | None, resident: str | None | object = _STRICT) -> ModelSpec | None:
+        """The spec for an id or alias (None or '' = the default model), else None.
+
+        Passing `resident` (the resident or loading model's name; None when nothing is
+        loaded) also answers names matching `model_patterns` (agents' own tier names),
+        `@resident` being that model else the default: what a request's `model` needs.
+        Without it only ids and aliases resolve, as for names an operator writes
+        (/load, /upstream, PRELOAD), where a typo stays a 404."""
         spec = self.lookup(name)
-        if spec is not None or not name:
+        if spec is not None or not name or resident is _STRICT:
             return spec
         p = self.mapping(name)
         if p is None:
             return None
         if p.use == RESIDENT:
-            return self.lookup(resident) if resident and resident in self._names \
+            return self.lookup(resident) if isinstance(resident, str) and resident in self._names \
                 else self.lookup(None)
         return self.lookup(None if p.use == DEFAULT else p.use)
 

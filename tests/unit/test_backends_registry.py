@@ -370,3 +370,106 @@ def test_readme_model_table_is_the_registry():
     assert table == {m.id: list(m.aliases) for m in reg}
     for model_id, aliases in SEED_NAMES.items():
         assert table[model_id] == aliases
+
+
+# ------------------------------------------------- agent sessions: per-model fields, names
+
+TWO = GOOD + """  m2:
+    kind: llamacpp
+    image: img:2
+    aliases: [two]
+    late_system: keep
+    preserve_reasoning: "${KEEP_THINK:-true}"
+"""
+
+
+def test_agent_fields_default_and_show_in_v1_models(tmp_path):
+    reg = Registry.load(_temp_registry(tmp_path, TWO), env={})
+    m1, m2 = reg.lookup("m1").public(), reg.lookup("m2").public()
+    assert (m1["late_system"], m1["preserve_reasoning"]) == ("convert", False)
+    assert (m2["late_system"], m2["preserve_reasoning"]) == ("keep", True)
+    for m in Registry.load(BACKENDS, env={}):
+        assert m.late_system == "convert", m.id
+
+
+def test_late_system_must_be_a_known_mode(tmp_path):
+    root = _temp_registry(tmp_path, GOOD + "    late_system: drop\n")
+    with pytest.raises(RegistryError, match=r"a\.yaml.*'late_system'.*convert, merge, keep"):
+        Registry.load(root, env={})
+
+
+CLAUDE_NAMES = ("claude-opus-4-8[1m]", "claude-opus-4-8", "claude-sonnet-4-6",
+                "claude-haiku-4-5-20251001")
+CODEX_NAMES = ("gpt-5.5", "gpt-5-codex", "gpt-5.1-codex-max")
+
+
+@pytest.mark.parametrize("name", CLAUDE_NAMES + CODEX_NAMES)
+def test_agents_own_names_go_to_the_resident_model_else_the_default(tmp_path, name):
+    reg = Registry.load(_temp_registry(tmp_path, TWO), env={})
+    assert reg.resolve(name, resident="m2").id == "m2", "the resident one: no swap"
+    assert reg.resolve(name, resident="two").id == "m2", "named by alias"
+    assert reg.resolve(name, resident=None).id == "m1", "nothing resident: the default"
+    assert reg.resolve(name, resident="gone").id == "m1"
+    assert reg.mapping(name).use == "@resident"
+    assert reg.resolve(name) is None, "without resident (operator names: /load) never mapped"
+    assert reg.lookup(name) is None
+
+
+def test_shipped_registry_maps_the_agents_names(tmp_path):
+    reg = Registry.load(BACKENDS, env={})
+    assert [(p.match, p.use) for p in reg.patterns] == [
+        ("claude-*", "@resident"), ("gpt-5*", "@resident"), ("codex-*", "@resident")]
+    assert all("agents.yaml" in p.source for p in reg.patterns)
+    assert reg.resolve("claude-haiku-4-5", resident="qwen-35b").id == "qwen-35b"
+    assert reg.resolve("claude-haiku-4-5", resident=None).id == reg.default
+
+
+def test_ids_aliases_and_unmatched_names_are_unchanged(tmp_path):
+    reg = Registry.load(_temp_registry(tmp_path, TWO), env={})
+    assert reg.resolve("two", resident="m1").id == "m2", "a registry name wins over residency"
+    assert reg.mapping("two") is None and reg.mapping("m1") is None
+    assert reg.resolve("no-such-model", resident="m1") is None, "still a 404"
+    assert reg.mapping("no-such-model") is None
+    assert reg.resolve(None, resident="m2").id == "m1", "no name: as before (the caller's rule)"
+    assert reg.resolve("").id == "m1" and reg.resolve("m2").id == "m2"
+
+
+def test_configured_patterns_replace_the_defaults_in_file_order(tmp_path):
+    root = _temp_registry(tmp_path, TWO, {
+        "b.yaml": "model_patterns:\n  - {match: 'claude-haiku-*', use: two}\n"
+                  "  - {match: 'claude-*', use: '@default'}\n",
+        "c.yaml": "model_patterns:\n  - {match: '${AGENT_GLOB:-my-*}', use: '@resident'}\n"})
+    reg = Registry.load(root, env={})
+    assert reg.resolve("claude-haiku-4-5", resident="m1").id == "m2"
+    assert reg.resolve("claude-opus-4-8[1m]", resident="m2").id == "m1"
+    assert reg.mapping("claude-opus-4-8").match == "claude-*"
+    assert reg.resolve("my-model", resident="m2").id == "m2"
+    assert reg.resolve("gpt-5.5", resident="m2") is None, "the defaults are replaced"
+
+
+def test_an_empty_pattern_list_turns_the_mapping_off(tmp_path):
+    reg = Registry.load(_temp_registry(tmp_path, TWO, {"b.yaml": "model_patterns: []\n"}), env={})
+    assert reg.patterns == () and reg.resolve("claude-opus-4-8", resident="m1") is None
+
+
+def test_without_configuration_the_built_in_patterns_apply(tmp_path):
+    reg = Registry.load(_temp_registry(tmp_path, TWO), env={})
+    assert [p.match for p in reg.patterns] == ["claude-*", "gpt-5*", "codex-*"]
+    assert Registry([]).resolve("claude-x", resident=None) is None, "an empty registry: nothing"
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("model_patterns: {claude: x}\n", ["b.yaml", "'model_patterns'", "list"]),
+    ("model_patterns: [claude-*]\n", ["b.yaml", "model_patterns[0]", "mapping"]),
+    ("model_patterns:\n  - {match: 'claude-*'}\n", ["model_patterns[0]", "'use'"]),
+    ("model_patterns:\n  - {match: 'claude-*', use: nope}\n",
+     ["b.yaml", "model_patterns[0]", "'nope'", "@resident"]),
+    ("model_patterns:\n  - {match: 'x', use: m1, when: never}\n", ["'when'", "unknown key"]),
+    ("model_pattern: []\n", ["b.yaml", "model_pattern"]),
+])
+def test_bad_patterns_are_refused_naming_file_and_entry(tmp_path, text, needles):
+    root = _temp_registry(tmp_path, TWO, {"b.yaml": text})
+    with pytest.raises(RegistryError) as e:
+        Registry.load(root, env={})
+    for needle in needles:
+        assert needle in str(e.value), (needle, str(e.value))
