@@ -4,6 +4,10 @@
 offered web search it searches, when it has the results it answers with the first
 result's URL (so an answer that names it was built on the search result), anything
 else (titles, summaries) gets a short "ok".
+
+`captured()` gives real Claude Code / Codex sessions (tests/fixtures/templates), and
+`anthropic_to_chat` / `responses_to_chat` / `render` turn a request into the prompt
+llama-server's template makes of it (for the prefix tests of proxy/agents.py).
 """
 from __future__ import annotations
 
