@@ -25,7 +25,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or Settings.from_env()
     logging.basicConfig(level=settings.LOG_LEVEL.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = Flask(__name__)
+    app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.MAX_BODY_BYTES    # the guard's and Flask's
     harden(app)
     install_error_handlers(app)

@@ -6,18 +6,14 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from flask import Blueprint, Response, current_app, request
+from flask import Blueprint, current_app, request
 from werkzeug.routing import PathConverter
 
-from common import guard
 from common.errors import ApiError
 from common.failures import reason
-from common.streaming import forward_headers, relay, sse_response
+from common.streaming import forward_headers, relay
 
-from . import dialects, normalize
-from .metrics import MODEL
-from .search import loop
-from .upstream import streamed
+from . import dialects
 
 bp = Blueprint("proxy", __name__)
 
@@ -63,44 +59,7 @@ def metrics():
 
 @bp.post("/v1/chat/completions")
 def chat():
-    p = parts()
-    settings, catalog, upstream = p["settings"], p["catalog"], p["upstream"]
-    raw = request.get_data()
-    body = normalize.parse_chat_body(raw)
-    changed = False
-    model = request.environ[MODEL] = body.get("model")
-    first_role = body["messages"][0].get("role")
-    if settings.INJECT_SYSTEM and first_role not in ("system", "developer"):
-        text = catalog.lookup(model).get("system_prompt") or settings.SYSTEM_PROMPT
-        changed |= normalize.inject_system_prompt(body, text)
-    search = loop.should_inject(body, settings)
-    if search:
-        loop.inject_tool(body)          # before the floor: web_search is a tool too
-    if body.get("tools") and (body.get("max_tokens") or body.get("max_completion_tokens")):
-        floor = catalog.lookup(model).get("max_tokens_floor") or settings.TOOL_MAX_TOKENS_FLOOR
-        changed |= normalize.apply_token_floor(body, floor)
-    stream = bool(body.get("stream"))
-
-    if search:
-        s = loop.SearchSession(body, settings=settings, upstream=upstream, searx=p["searx"],
-                               metrics=p["metrics"], executor=p["executor"],
-                               headers=request.headers, environ=request.environ)
-        if not stream:
-            return loop.run_nonstream(s)
-        first = s.call_model(stream=True)
-        if first.status_code != 200:
-            return relay(first)          # the upstream's error, untouched
-        return sse_response(loop.run_stream(s, first))
-
-    data = guard.dumps(body) if changed else raw
-    r = upstream.request("POST", "/v1/chat/completions", headers=forward_headers(
-        request.headers), data=data, stream=True, environ=request.environ,
-        read_body=not stream)
-    if stream:
-        return relay(r, body=normalize.normalize_sse(streamed(r, request.environ)))
-    content = normalize.normalize_completion_bytes(r.content)
-    r.close()
-    return Response(content, status=r.status_code, headers=forward_headers(r.headers))
+    return dialects.handle(dialects.CHAT, parts(), request)
 
 
 # Anthropic Messages (Claude Code) and OpenAI Responses (Codex). /v1/v1/messages:

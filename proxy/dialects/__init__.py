@@ -1,89 +1,98 @@
-"""Client dialects other than chat completions, over the one search engine:
-Anthropic Messages (`/v1/messages`) and OpenAI Responses (`/v1/responses`).
+"""The client dialects: chat completions, Anthropic Messages (`/v1/messages`) and
+OpenAI Responses (`/v1/responses`), each a module of the same shape:
 
-`handle(dialect, ext, request)` serves one request: the request fixes in the dialect's
-shape, then either the search loop (when the client's own search tool is present and
-search is on) or the body straight to the backend, which speaks the dialect itself.
+    parse(raw) -> body                    validated, or ApiError(400)
+    system_prompt(body, text) -> bool     the operator's system prompt (text(): lazily)
+    search_tool(body, settings) -> (tool settings | None, body changed)
+    FLOOR_KEYS                            the limits the tool token floor raises
+    straight_stream / straight_whole      the backend's answer when we run no search
+    *Adapter                              the search rounds' adapter (base.Adapter)
+
+`handle(dialect, request)` serves one request: the agent fixes (proxy/agents.py),
+our own changes after them, then the search rounds (proxy/search/rounds.py) or the
+body straight to the backend, which speaks the dialect itself.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
 
 from flask import Response
 
 from common import guard
-from common.streaming import forward_headers, relay, sse_response
+from common.streaming import forward_headers, relay
 
+from .. import normalize
 from ..metrics import MODEL
-from ..search.engine import Searcher
+from ..search import rounds
 from ..upstream import streamed
-from . import anthropic, responses, translate
-from .base import parse_json_object, prepare
+from . import anthropic, chat, responses
+
+try:
+    from .. import agents
+except ModuleNotFoundError as e:        # not written yet: no agent fixes
+    if e.name != "proxy.agents":
+        raise
+    agents = None
 
 MESSAGES_PATHS = ("/v1/messages", "/v1/v1/messages")
 
 
 @dataclass(frozen=True)
-class _Dialect:
-    module: Any                 # validate, search_tool, strip_search_tool, run_*, stream_*
-    session: type               # its DialectSession
-    path: str                   # the backend path
-    system_key: str             # where the system prompt goes
-    floor_keys: tuple           # which limits the tool token floor raises
-    what: str                   # for "body is empty" errors
+class Dialect:
+    name: str                   # agents.fix's name for it
+    module: ModuleType
+    adapter: type
 
 
-MESSAGES = _Dialect(anthropic, anthropic.MessagesSession, "/v1/messages", "system",
-                    ("max_tokens",), "an Anthropic Messages request with 'messages'")
-RESPONSES = _Dialect(responses, responses.ResponsesSession, "/v1/responses", "instructions",
-                     ("max_output_tokens",), "a Responses request with 'input'")
+CHAT = Dialect("chat", chat, chat.ChatAdapter)
+MESSAGES = Dialect("messages", anthropic, anthropic.MessagesAdapter)
+RESPONSES = Dialect("responses", responses, responses.ResponsesAdapter)
 
 
-def handle(d: _Dialect, ext: dict, request) -> Response:
-    settings = ext["settings"]
+def handle(d: Dialect, parts: dict, request) -> Response:
+    settings, catalog, m = parts["settings"], parts["catalog"], d.module
     raw = request.get_data()
-    body = parse_json_object(raw, d.what)
-    d.module.validate(body)
-    request.environ[MODEL] = body.get("model")       # for the metrics: no second parse
-    changed = prepare(body, settings=settings, catalog=ext["catalog"],
-                      system_key=d.system_key, floor_keys=d.floor_keys)
+    body = m.parse(raw)
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    request.environ[MODEL] = model                   # for the metrics: no second parse
+    info = _Lazy(lambda: catalog.lookup(model))
+    changed = bool(agents and agents.fix(d.name, body, info()))
+    # Our own changes come after the agent's, the same every turn (a stable prefix).
+    if settings.INJECT_SYSTEM:
+        changed |= m.system_prompt(
+            body, lambda: info().get("system_prompt") or settings.SYSTEM_PROMPT)
+    tool, stripped = m.search_tool(body, settings)   # before the floor: a tool too
+    changed |= stripped
+    if body.get("tools") and any(isinstance(body.get(k), int) for k in m.FLOOR_KEYS):
+        floor = info().get("max_tokens_floor") or settings.TOOL_MAX_TOKENS_FLOOR
+        changed |= normalize.apply_token_floor(body, floor, keys=m.FLOOR_KEYS)
     stream = bool(body.get("stream"))
-    tool = d.module.search_tool(body)
-    chat_only = ext.setdefault("chat_only", set())   # (path, model) whose backend lacks it
-    if tool is not None and settings.WEB_SEARCH and settings.MAX_SEARCH_ITER > 0:
-        filters = tool.get("filters") if isinstance(tool.get("filters"), dict) else {}
-        searcher = Searcher(settings=settings, searx=ext["searx"], metrics=ext["metrics"],
-                            executor=ext["executor"], max_uses=tool.get("max_uses"),
-                            allowed=tool.get("allowed_domains") or filters.get("allowed_domains"),
-                            blocked=tool.get("blocked_domains") or filters.get("blocked_domains"))
-        s = d.session(body, settings=settings, upstream=ext["upstream"], searcher=searcher,
-                      headers=request.headers, chat_only=chat_only, environ=request.environ)
-        if not stream:
-            return d.module.run_nonstream(s)
-        first = s.call(stream=True)
-        if first.status_code != 200:
-            searcher.done()
-            content = first.content
-            first.close()
-            return Response(content, status=first.status_code,
-                            headers=forward_headers(first.headers))
-        return sse_response(d.module.run_stream(s, first))
     if tool is not None:
-        d.module.strip_search_tool(body)
+        return rounds.serve(d.adapter(body, tool, parts, request), stream)
+
     # nothing to change: the client's bytes, as they came
-    data = guard.dumps(body) if changed or tool else raw
-    r = translate.send(ext["upstream"], d.path, body, data,
-                       headers=forward_headers(request.headers), stream=stream,
-                       chat_only=chat_only, environ=request.environ)
+    r = parts["upstream"].request(
+        "POST", m.PATH, headers=forward_headers(request.headers),
+        data=guard.dumps(body) if changed else raw, stream=True, environ=request.environ,
+        read_body=not stream)
     if stream and r.status_code == 200:
-        chunks = streamed(r, request.environ)
-        if d is MESSAGES:
-            chunks = anthropic.with_message_start(chunks, body.get("model"))
-        return relay(r, body=chunks)
-    content = r.content
+        return relay(r, body=m.straight_stream(streamed(r, request.environ), body))
+    content = m.straight_whole(r.content)
     r.close()
     return Response(content, status=r.status_code, headers=forward_headers(r.headers))
+
+
+class _Lazy:
+    """The model's registry entry, looked up once, when first needed."""
+
+    def __init__(self, fetch):
+        self.fetch, self.value = fetch, None
+
+    def __call__(self) -> dict:
+        if self.value is None:
+            self.value = self.fetch()
+        return self.value
 
 
 def anthropic_errors(resp: Response, path: str) -> Response:

@@ -12,24 +12,19 @@ Errors are in Anthropic's shape: {"type": "error", "error": {"type", "message"}}
 from __future__ import annotations
 
 import base64
-import concurrent.futures as cf
 import copy
 import json
 from typing import Iterable, Iterator
 
-import requests
 from flask import Response
 
 from common import sse
 from common.errors import ApiError
-from common.disconnect import ClientGone
-from common.streaming import headers_now
 
 from ..search import engine
-from ..search.engine import Search, Step, Turn, cited, decide, new_id
-from . import translate
-from ..upstream import watched
-from .base import TOOL_NAME, DialectSession, event
+from ..search.engine import Search, Turn, cited, new_id
+from ..search.rounds import message_of
+from .base import TOOL_NAME, Adapter, event, parse_json_object
 
 SERVER_TOOL_TYPES = ("web_search_20250305", "web_search_20260209")
 CUSTOM_TOOL = {"name": TOOL_NAME, "description": engine.TOOL_DESCRIPTION,
@@ -56,21 +51,10 @@ def to_anthropic_error(raw: bytes, status: int) -> bytes | None:
         obj = None
     if isinstance(obj, dict) and obj.get("type") == "error" and isinstance(obj.get("error"), dict):
         return None
-    msg = None
-    if isinstance(obj, dict):
-        err = obj.get("error")
-        if isinstance(err, dict):
-            msg = err.get("message")
-        elif isinstance(err, str):
-            msg = err
-        msg = msg or obj.get("message") or obj.get("detail")
-    if not isinstance(msg, str) or not msg:
-        msg = (raw[:300].decode("utf-8", "replace").strip()
-               or f"HTTP {status} with an empty body")
-    return json.dumps(error_obj(msg, status)).encode()
+    return json.dumps(error_obj(message_of(raw, status), status)).encode()
 
 
-def search_tool(body: dict) -> dict | None:
+def server_tool(body: dict) -> dict | None:
     for t in body.get("tools") or []:
         if isinstance(t, dict) and t.get("type") in SERVER_TOOL_TYPES:
             return t
@@ -102,7 +86,7 @@ def validate(body: dict) -> None:
     mt = body.get("max_tokens")
     if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
         bad("max_tokens: must be a positive integer")
-    t = search_tool(body)
+    t = server_tool(body)
     if t is not None:
         mu = t.get("max_uses")
         if mu is not None and (not isinstance(mu, int) or isinstance(mu, bool) or mu < 1):
@@ -111,62 +95,50 @@ def validate(body: dict) -> None:
             bad("tools.web_search: use allowed_domains or blocked_domains, not both")
 
 
-def strip_search_tool(body: dict) -> None:
-    """Search is off: the backend cannot run Anthropic's server tool, so it is removed."""
-    body["tools"] = [t for t in body.get("tools") or [] if t is not search_tool(body)]
+PATH = "/v1/messages"
+FLOOR_KEYS = ("max_tokens",)
+
+
+def parse(raw: bytes) -> dict:
+    body = parse_json_object(raw, "an Anthropic Messages request with 'messages'")
+    validate(body)
+    return body
+
+
+def system_prompt(body: dict, text) -> bool:
+    """Top-level `system`, unless the client sent one."""
+    if body.get("system"):
+        return False
+    text = text()
+    if text:
+        body["system"] = text
+    return bool(text)
+
+
+def search_tool(body: dict, settings) -> tuple[dict | None, bool]:
+    """The client's server search tool when the proxy runs search, and whether the
+    body changed: with search off, the backend cannot run it, so it is removed."""
+    t = server_tool(body)
+    if t is None:
+        return None, False
+    if settings.WEB_SEARCH and settings.MAX_SEARCH_ITER > 0:
+        return t, False
+    body["tools"] = [x for x in body["tools"] if x is not t]
     if not body["tools"]:
         body.pop("tools")
         body.pop("tool_choice", None)
+    return None, True
 
 
-# ================================================================= the session
+def straight_stream(chunks, body):
+    return with_message_start(chunks, body.get("model"))
 
-class MessagesSession(DialectSession):
-    path = "/v1/messages"
 
-    def __init__(self, body: dict, **kw):
-        super().__init__(body, **kw)
-        tools = []
-        for t in body.get("tools") or []:
-            if isinstance(t, dict) and t.get("type") in SERVER_TOOL_TYPES:
-                tools.append(copy.deepcopy(CUSTOM_TOOL))
-            else:
-                tools.append(t)
-        self.tools = tools
-        self.messages = list(body["messages"])
-        tc = body.get("tool_choice")
-        self.forced = isinstance(tc, dict) and tc.get("type") in ("tool", "any")
+def straight_whole(content: bytes) -> bytes:
+    return content
 
-    def batches(self, resp):
-        """The backend's events, beginning with message_start (with_message_start)."""
-        return sse.json_batches(with_message_start(watched(resp, self.environ),
-                                                   self.body.get("model")))
 
-    def round_body(self, stream: bool) -> dict:
-        b = {k: v for k, v in self.body.items() if k not in ("tools", "messages")}
-        b["messages"] = self.messages
-        b["stream"] = stream
-        tools = self.tools
-        if not self.searcher.budget_left:
-            tools = [t for t in tools if t.get("name") != TOOL_NAME]
-        if not tools:
-            b.pop("tool_choice", None)
-            return b
-        b["tools"] = tools
-        tc = b.get("tool_choice")
-        if isinstance(tc, dict) and (
-                self.searcher.rounds and self.forced     # forcing every round never ends
-                or tc.get("name") and tc["name"] not in [t.get("name") for t in tools]):
-            b["tool_choice"] = {"type": "auto"}
-        return b
-
-    def record(self, blocks: list[dict], searches: list[Search]) -> None:
-        """The round as the backend sees it next time: its turn, then our tool results."""
-        self.messages = self.messages + [
-            {"role": "assistant", "content": blocks},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": s.call.id,
-                                          "content": s.text} for s in searches]}]
-
+# ================================================================= blocks
 
 def turn_of(blocks: list[dict], stop_reason=None, usage=None) -> Turn:
     t = Turn()
@@ -185,8 +157,6 @@ def turn_of(blocks: list[dict], stop_reason=None, usage=None) -> Turn:
         t.usage(usage.get("input_tokens"), usage.get("output_tokens"))
     return t
 
-
-# ================================================================= client blocks
 
 def _opaque(*parts) -> str:
     return base64.b64encode(json.dumps(parts).encode()).decode()
@@ -213,29 +183,19 @@ def citations_for(text: str, searcher) -> list[dict]:
             for src in cited(text, searcher.sources.items)]
 
 
-def _client_ids(calls) -> None:
-    for c in calls:
-        c.client_id = "srvtoolu_" + new_id("")[:24]
-
-
-def _block(index: int, block: dict) -> Iterator[bytes]:
+def _block(index: int, block: dict) -> bytes:
     """A whole server-side block as its start/delta/stop events (a server_tool_use's
     input goes as one input_json_delta, as Anthropic's API sends it)."""
     if block["type"] == "server_tool_use":
-        yield event("content_block_start", {"type": "content_block_start", "index": index,
+        out = event("content_block_start", {"type": "content_block_start", "index": index,
                                             "content_block": {**block, "input": {}}})
-        yield event("content_block_delta", {
+        out += event("content_block_delta", {
             "type": "content_block_delta", "index": index,
             "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}})
     else:
-        yield event("content_block_start", {"type": "content_block_start", "index": index,
+        out = event("content_block_start", {"type": "content_block_start", "index": index,
                                             "content_block": block})
-    yield event("content_block_stop", {"type": "content_block_stop", "index": index})
-
-
-def _usage(s: MessagesSession, inp: int, out: int) -> dict:
-    return {"input_tokens": inp, "output_tokens": out,
-            "server_tool_use": {"web_search_requests": s.searcher.searches}}
+    return out + event("content_block_stop", {"type": "content_block_stop", "index": index})
 
 
 def _stop_reason(turn: Turn) -> str:
@@ -246,7 +206,13 @@ def _stop_reason(turn: Turn) -> str:
     return turn.finish
 
 
-# ================================================================= non-streaming
+def message_start(msg_id: str, model) -> bytes:
+    """An Anthropic stream's message_start: an empty assistant message, no usage yet."""
+    return event("message_start", {"type": "message_start", "message": {
+        "id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 0, "output_tokens": 0}}})
+
 
 def with_message_start(chunks: Iterable[bytes], model) -> Iterator[bytes]:
     """A Messages stream from the backend, made to begin with message_start
@@ -276,7 +242,7 @@ def with_message_start(chunks: Iterable[bytes], model) -> Iterator[bytes]:
             except (ValueError, AttributeError):
                 kind = None
             if kind not in ("message_start", "error"):
-                head += translate.message_start(new_id("msg_"), model)
+                head += message_start(new_id("msg_"), model)
             yield head + b"".join(events[i:]) + parser.pending()
             yield from chunks
             return
@@ -285,65 +251,6 @@ def with_message_start(chunks: Iterable[bytes], model) -> Iterator[bytes]:
     tail = parser.pending()
     if tail:
         yield tail
-
-
-def run_nonstream(s: MessagesSession) -> Response:
-    content: list[dict] = []
-    head = None
-    inp = out = 0
-    try:
-        while True:
-            r = s.call(stream=False)
-            if r.status_code != 200:
-                return Response(to_anthropic_error(r.content, r.status_code) or r.content,
-                                status=r.status_code, mimetype="application/json")
-            try:
-                msg = r.json()
-                blocks = msg["content"]
-                if not isinstance(blocks, list):
-                    raise TypeError
-            except (ValueError, KeyError, TypeError):
-                raise ApiError(f"upstream returned an unexpected Messages response: "
-                               f"{r.content[:200]!r}", 502, code="bad_upstream_response")
-            head = head or msg
-            turn = turn_of(blocks, msg.get("stop_reason"), msg.get("usage"))
-            inp += turn.usage_in
-            out += turn.usage_out
-            step = decide(turn, s.searcher.budget_left)
-            if step is Step.SEARCH:
-                _client_ids(turn.ours)
-                searches = s.searcher.run(turn.ours)
-                content += [b for b in blocks if b.get("type") not in ("tool_use",)]
-                for x in searches:
-                    content += [server_tool_use(x), search_result_block(x)]
-                s.record(blocks, searches)
-                continue
-            if step is Step.EXHAUSTED:
-                raise ApiError(s.searcher.exhausted_message(), 502,
-                               code="search_budget_exhausted")
-            for b in blocks:
-                if b.get("type") == "tool_use" and b.get("name") == TOOL_NAME:
-                    continue                    # ours, in a client's turn: dropped
-                if b.get("type") == "text" and s.searcher.searches:
-                    cites = citations_for(b.get("text") or "", s.searcher)
-                    if cites:
-                        b = {**b, "citations": cites}
-                content.append(b)
-            result = {"id": head.get("id") or new_id("msg_"), "type": "message",
-                      "role": "assistant", "model": head.get("model") or s.body.get("model"),
-                      "content": content, "stop_reason": _stop_reason(turn),
-                      "stop_sequence": msg.get("stop_sequence"),
-                      "usage": _usage(s, inp, out)}
-            return Response(json.dumps(result, ensure_ascii=False), status=200,
-                            mimetype="application/json")
-    finally:
-        s.searcher.done()
-
-
-# ================================================================= streaming
-
-def _error_event(message: str, status: int) -> bytes:
-    return event("error", error_obj(message, status))
 
 
 def _grow(block: dict, key: str, piece: str | None) -> None:
@@ -355,174 +262,234 @@ def _joined(block: dict, key: str) -> str:
     return (block.get(key) or "") + "".join(block.get("_" + key, ()))
 
 
-def run_stream(s: MessagesSession, first: requests.Response) -> Iterator[bytes]:
-    resp = first
-    started = False
-    nxt = 0                     # the client's next content block index
-    inp = out = 0
-    keepalive = s.settings.KEEPALIVE_INTERVAL
-    try:
-        if headers_now(first):
-            yield b""
-        while True:
-            blocks: dict[int, dict] = {}      # backend index -> block as it builds up
-            where: dict[int, int | None] = {}  # backend index -> client index (None: held)
-            stop = {}
-            round_in = 0
-            ended = False
-            for batch in s.batches(resp):
-                sent = []                     # what this read makes: one write
-                for name, obj in batch:
-                    if name == ":":          # a comment: keeps the client's wait alive
-                        sent.append(obj)
+# ================================================================= the adapter
+
+class MessagesAdapter(Adapter):
+    path = PATH
+    call_prefix = "srvtoolu_"
+    keepalive = event("ping", {"type": "ping"})
+
+    def __init__(self, body: dict, tool: dict, parts: dict, request):
+        super().__init__(body, tool, parts, request)
+        self.tools = [copy.deepcopy(CUSTOM_TOOL)
+                      if isinstance(t, dict) and t.get("type") in SERVER_TOOL_TYPES else t
+                      for t in body.get("tools") or []]
+        self.messages = list(body["messages"])
+        tc = body.get("tool_choice")
+        self.forced = isinstance(tc, dict) and tc.get("type") in ("tool", "any")
+        self.blocks: list[dict] = []        # the round's, as the backend sent them
+        self.content: list[dict] = []       # whole: the client's blocks of earlier rounds
+        self.head: dict | None = None       # whole: the first round's message
+        self.last: dict = {}                # whole: the round's message
+        self.streaming = False
+        self.started = False                # stream: message_start sent
+        self.nxt = 0                        # stream: the client's next block index
+        self.stop: dict = {}                # stream: the round's message_delta
+        self.inp = self.out = 0
+
+    def round_body(self, stream: bool) -> dict:
+        b = dict(self.body)                 # the client's key order: a stable prompt
+        b["messages"] = self.messages
+        b["stream"] = stream
+        tools = self.tools
+        if not self.searcher.budget_left:
+            tools = [t for t in tools if t.get("name") != TOOL_NAME]
+        if not tools:
+            b.pop("tools", None)
+            b.pop("tool_choice", None)
+            return b
+        b["tools"] = tools
+        tc = b.get("tool_choice")
+        if isinstance(tc, dict) and (
+                self.searcher.rounds and self.forced     # forcing every round never ends
+                or tc.get("name") and tc["name"] not in [t.get("name") for t in tools]):
+            b["tool_choice"] = {"type": "auto"}
+        return b
+
+    def body_of(self, resp):
+        """The backend's events, beginning with message_start."""
+        return with_message_start(super().body_of(resp), self.body.get("model"))
+
+    def searching(self, calls) -> bytes:
+        """The first search's server_tool_use block while they all run (use, result,
+        use, result... as Anthropic's API sends them), then a ping."""
+        if not self.streaming:
+            return b""
+        return _block(self.nxt, server_tool_use(Search(calls[0], calls[0].query, ""))) + \
+            self.keepalive
+
+    def searched(self, turn: Turn, searches: list[Search]) -> bytes:
+        """The round as the backend sees it next time: its turn, then our tool results."""
+        self.messages = self.messages + [
+            {"role": "assistant", "content": self.blocks},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": s.call.id,
+                                          "content": s.text} for s in searches]}]
+        if not self.streaming:
+            self.content += [b for b in self.blocks if b.get("type") != "tool_use"]
+            for x in searches:
+                self.content += [server_tool_use(x), search_result_block(x)]
+            return b""
+        out = []
+        for k, x in enumerate(searches):
+            if k:
+                out.append(_block(self.nxt + 2 * k, server_tool_use(x)))
+            out.append(_block(self.nxt + 2 * k + 1, search_result_block(x)))
+        self.nxt += 2 * len(searches)
+        return b"".join(out)
+
+    def _usage(self) -> dict:
+        return {"input_tokens": self.inp, "output_tokens": self.out,
+                "server_tool_use": {"web_search_requests": self.searcher.searches}}
+
+    def _cited(self, b: dict, text: str) -> list[dict]:
+        return citations_for(text, self.searcher) \
+            if b.get("type") == "text" and self.searcher.searches else []
+
+    # ------------------------------------------------------------ whole answers
+
+    def turn_of(self, r) -> Turn:
+        try:
+            msg = r.json()
+            blocks = msg["content"]
+            if not isinstance(blocks, list):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            raise ApiError(f"upstream returned an unexpected Messages response: "
+                           f"{r.content[:200]!r}", 502, code="bad_upstream_response")
+        self.head = self.head or msg
+        self.last, self.blocks = msg, blocks
+        turn = turn_of(blocks, msg.get("stop_reason"), msg.get("usage"))
+        self.inp += turn.usage_in
+        self.out += turn.usage_out
+        return turn
+
+    def answer(self, turn: Turn) -> Response:
+        content = self.content
+        for b in self.blocks:
+            if b.get("type") == "tool_use" and b.get("name") == TOOL_NAME:
+                continue                    # ours, in a client's turn: dropped
+            cites = self._cited(b, b.get("text") or "")
+            content.append({**b, "citations": cites} if cites else b)
+        head = self.head
+        result = {"id": head.get("id") or new_id("msg_"), "type": "message",
+                  "role": "assistant", "model": head.get("model") or self.body.get("model"),
+                  "content": content, "stop_reason": _stop_reason(turn),
+                  "stop_sequence": self.last.get("stop_sequence"), "usage": self._usage()}
+        return Response(json.dumps(result, ensure_ascii=False), status=200,
+                        mimetype="application/json")
+
+    # ------------------------------------------------------------ streams
+
+    def relay(self, resp):
+        """One backend stream's events, renumbered for the client (our tool_use
+        blocks held back); the round's Turn, or None when it ended the stream."""
+        self.streaming = True
+        blocks: dict[int, dict] = {}        # backend index -> block as it builds up
+        where: dict[int, int | None] = {}   # backend index -> client index (None: held)
+        self.stop = {}
+        round_in = 0
+        ended = False
+        for batch in sse.json_batches(self.body_of(resp)):
+            sent = []                       # what this read makes: one write
+            for name, obj in batch:
+                if name == ":":             # a comment: keeps the client's wait alive
+                    sent.append(obj)
+                    continue
+                t = obj.get("type") or name
+                if t == "error":
+                    err = obj.get("error") or {}
+                    sent.append(event("error", obj if obj.get("type") == "error" else
+                                      error_obj(str(err.get("message") or err), 502)))
+                    yield b"".join(sent)
+                    return None
+                if t == "message_start":
+                    m = obj.get("message") or {}
+                    u = m.get("usage") or {}
+                    round_in = u.get("input_tokens") or 0
+                    if not self.started:
+                        self.started = True
+                        m = {**m, "content": [],
+                             "usage": {**u, "server_tool_use": {"web_search_requests": 0}}}
+                        sent.append(event("message_start", {"type": "message_start",
+                                                            "message": m}))
+                elif t == "content_block_start":
+                    bi = obj.get("index", 0)
+                    b = copy.deepcopy(obj.get("content_block") or {})
+                    if b.get("type") == "tool_use":
+                        b["_args"] = [json.dumps(b["input"])] if b.get("input") else []
+                    blocks[bi] = b
+                    if b.get("type") == "tool_use" and b.get("name") == TOOL_NAME:
+                        where[bi] = None
                         continue
-                    t = obj.get("type") or name
-                    if t == "error":
-                        err = obj.get("error") or {}
-                        sent.append(event("error", obj if obj.get("type") == "error" else
-                                          error_obj(str(err.get("message") or err), 502)))
-                        yield b"".join(sent)
-                        return
-                    if t == "message_start":
-                        m = obj.get("message") or {}
-                        u = m.get("usage") or {}
-                        round_in = u.get("input_tokens") or 0
-                        if not started:
-                            started = True
-                            m = {**m, "content": [],
-                                 "usage": {**u, "server_tool_use": {"web_search_requests": 0}}}
-                            sent.append(event("message_start", {"type": "message_start",
-                                                                "message": m}))
-                        continue
-                    if t == "content_block_start":
-                        bi = obj.get("index", 0)
-                        b = copy.deepcopy(obj.get("content_block") or {})
-                        if b.get("type") == "tool_use":
-                            b["_args"] = [json.dumps(b["input"])] if b.get("input") else []
-                        blocks[bi] = b
-                        if b.get("type") == "tool_use" and b.get("name") == TOOL_NAME:
-                            where[bi] = None
-                            continue
-                        where[bi] = nxt
-                        nxt += 1
+                    where[bi] = obj["index"] = self.nxt
+                    self.nxt += 1
+                    sent.append(event(t, obj))
+                elif t == "content_block_delta":
+                    bi = obj.get("index", 0)
+                    b = blocks.get(bi)
+                    if b is None:
+                        b = blocks[bi] = {"type": "text", "text": ""}
+                    d = obj.get("delta") or {}
+                    kind = d.get("type")
+                    if kind == "text_delta":
+                        _grow(b, "text", d.get("text"))
+                    elif kind == "thinking_delta":
+                        _grow(b, "thinking", d.get("thinking"))
+                    elif kind == "input_json_delta":
+                        b.setdefault("_args", []).append(d.get("partial_json") or "")
+                    if where.get(bi) is not None:
                         obj["index"] = where[bi]
                         sent.append(event(t, obj))
+                elif t == "content_block_stop":
+                    ci = where.get(obj.get("index", 0))
+                    if ci is None:
                         continue
-                    if t == "content_block_delta":
-                        bi = obj.get("index", 0)
-                        b = blocks.get(bi)
-                        if b is None:
-                            b = blocks[bi] = {"type": "text", "text": ""}
-                        d = obj.get("delta") or {}
-                        kind = d.get("type")
-                        if kind == "text_delta":
-                            _grow(b, "text", d.get("text"))
-                        elif kind == "thinking_delta":
-                            _grow(b, "thinking", d.get("thinking"))
-                        elif kind == "input_json_delta":
-                            b.setdefault("_args", []).append(d.get("partial_json") or "")
-                        ci = where.get(bi)
-                        if ci is None:
-                            continue
-                        obj["index"] = ci
-                        sent.append(event(t, obj))
-                        continue
-                    if t == "content_block_stop":
-                        bi = obj.get("index", 0)
-                        ci = where.get(bi)
-                        if ci is None:
-                            continue
-                        b = blocks.get(bi) or {}
-                        if b.get("type") == "text" and s.searcher.searches:
-                            for c in citations_for(_joined(b, "text"), s.searcher):
-                                sent.append(event("content_block_delta", {
-                                    "type": "content_block_delta", "index": ci,
-                                    "delta": {"type": "citations_delta", "citation": c}}))
-                        obj["index"] = ci
-                        sent.append(event(t, obj))
-                        continue
-                    if t == "message_delta":
-                        stop = obj.get("delta") or {}
-                        u = obj.get("usage") or {}
-                        out += u.get("output_tokens") or 0
-                        # input tokens come in message_start, or (translated) only here
-                        round_in = max(round_in, u.get("input_tokens") or 0)
-                        continue
-                    if t == "message_stop":
-                        ended = True
-                        break
-                    if t == "ping":
-                        sent.append(event("ping", {"type": "ping"}))
-                if sent:
-                    yield b"".join(sent)
-                if ended:
+                    b = blocks.get(obj.get("index", 0)) or {}
+                    for c in self._cited(b, _joined(b, "text")):
+                        sent.append(event("content_block_delta", {
+                            "type": "content_block_delta", "index": ci,
+                            "delta": {"type": "citations_delta", "citation": c}}))
+                    obj["index"] = ci
+                    sent.append(event(t, obj))
+                elif t == "message_delta":
+                    self.stop = obj.get("delta") or {}
+                    u = obj.get("usage") or {}
+                    self.out += u.get("output_tokens") or 0
+                    # input tokens come in message_start, or only here
+                    round_in = max(round_in, u.get("input_tokens") or 0)
+                elif t == "message_stop":
+                    ended = True
                     break
-            resp.end()           # at message_stop: the connection serves the next call
-            if not stop:
-                yield _error_event("the upstream stream ended before message_delta", 502)
-                return
-            inp += round_in
-            ordered = [blocks[i] for i in sorted(blocks)]
-            for b in ordered:
-                for key in ("text", "thinking"):
-                    if "_" + key in b:
-                        b[key] = _joined(b, key)
-                        del b["_" + key]
-                if b.get("type") == "tool_use":
-                    try:
-                        b["input"] = json.loads("".join(b.pop("_args")) or "{}")
-                    except ValueError:
-                        b["input"] = {}
-            turn = turn_of(ordered, stop.get("stop_reason"))
-            step = decide(turn, s.searcher.budget_left)
-            if step is Step.SEARCH:
-                # use, result, use, result... as Anthropic's API sends them; the
-                # searches run in parallel while the first use is on screen
-                calls = turn.ours
-                _client_ids(calls)
-                planned = s.searcher.start(calls)
-                yield from _block(nxt, server_tool_use(Search(calls[0], calls[0].query, "")))
-                futs = s.searcher.futures(planned)
-                yield event("ping", {"type": "ping"})
-                while futs:
-                    _, pending = cf.wait(futs, timeout=keepalive)
-                    futs = list(pending)
-                    if futs:
-                        yield event("ping", {"type": "ping"})
-                searches = s.searcher.finish(calls, planned)
-                for k, x in enumerate(searches):
-                    if k:
-                        yield from _block(nxt + 2 * k, server_tool_use(x))
-                    yield from _block(nxt + 2 * k + 1, search_result_block(x))
-                nxt += 2 * len(searches)
-                for b in ordered:
-                    b.pop("_args", None)
-                s.record(ordered, searches)
-                resp = s.call(stream=True)
-                if resp.status_code != 200:
-                    body = to_anthropic_error(resp.content, resp.status_code) or resp.content
-                    yield b"event: error\ndata: " + body + b"\n\n"
-                    return
-                continue
-            if step is Step.TRUNCATED:
-                yield _error_event("the upstream stream ended without a finish", 502)
-                return
-            if step is Step.EXHAUSTED:
-                yield _error_event(s.searcher.exhausted_message(), 502)
-                return
-            yield event("message_delta", {
-                "type": "message_delta",
-                "delta": {"stop_reason": _stop_reason(turn),
-                          "stop_sequence": stop.get("stop_sequence")},
-                "usage": _usage(s, inp, out)})
-            yield event("message_stop", {"type": "message_stop"})
-            return
-    except ClientGone:
-        return
-    except ApiError as e:
-        yield _error_event(e.message, e.status)
-    except requests.RequestException as e:
-        yield _error_event(f"upstream stream failed: {e}", 502)
-    finally:
-        resp.close()
-        s.searcher.done()
+                elif t == "ping":
+                    sent.append(self.keepalive)
+            if sent:
+                yield b"".join(sent)
+            if ended:
+                break
+        if not self.stop:
+            yield self.fail("the upstream stream ended before message_delta", 502, "")
+            return None
+        self.inp += round_in
+        self.blocks = [blocks[i] for i in sorted(blocks)]
+        for b in self.blocks:
+            for key in ("text", "thinking"):
+                if "_" + key in b:
+                    b[key] = _joined(b, key)
+                    del b["_" + key]
+            args = b.pop("_args", [])
+            if b.get("type") == "tool_use":
+                try:
+                    b["input"] = json.loads("".join(args) or "{}")
+                except ValueError:
+                    b["input"] = {}
+        return turn_of(self.blocks, self.stop.get("stop_reason"))
+
+    def end(self, turn: Turn) -> bytes:
+        return event("message_delta", {
+            "type": "message_delta",
+            "delta": {"stop_reason": _stop_reason(turn),
+                      "stop_sequence": self.stop.get("stop_sequence")},
+            "usage": self._usage()}) + event("message_stop", {"type": "message_stop"})
+
+    def fail(self, message: str, status: int, code: str) -> bytes:
+        return event("error", error_obj(message, status))

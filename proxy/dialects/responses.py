@@ -11,23 +11,19 @@ Codex expects (`response.output_item.added/done`, `response.web_search_call.*`,
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import copy
 import json
 import re
 import time
-from typing import Iterator
 
-import requests
 from flask import Response
 
-from common.disconnect import ClientGone
+from common import sse
 from common.errors import ApiError
-from common.streaming import headers_now
 
 from ..search import engine
-from ..search.engine import Search, Step, Turn, decide, new_id
-from .base import TOOL_NAME, DialectSession, event
+from ..search.engine import Search, Turn, new_id
+from .base import TOOL_NAME, Adapter, event, parse_json_object
 
 SEARCH_TOOL_TYPES = ("web_search", "web_search_preview", "web_search_preview_2025_03_11",
                      "web_search_2025_08_26")
@@ -35,7 +31,7 @@ FUNCTION_TOOL = {"type": "function", "name": TOOL_NAME, "description": engine.TO
                  "parameters": engine.TOOL_PARAMETERS}
 
 
-def search_tool(body: dict) -> dict | None:
+def server_tool(body: dict) -> dict | None:
     for t in body.get("tools") or []:
         if isinstance(t, dict) and t.get("type") in SEARCH_TOOL_TYPES:
             return t
@@ -60,58 +56,47 @@ def validate(body: dict) -> None:
         bad("'max_output_tokens' must be a positive integer", "max_output_tokens")
 
 
-def strip_search_tool(body: dict) -> None:
-    t = search_tool(body)
-    body["tools"] = [x for x in body.get("tools") or [] if x is not t]
+PATH = "/v1/responses"
+FLOOR_KEYS = ("max_output_tokens",)
+
+
+def parse(raw: bytes) -> dict:
+    body = parse_json_object(raw, "a Responses request with 'input'")
+    validate(body)
+    return body
+
+
+def system_prompt(body: dict, text) -> bool:
+    """`instructions`, unless the client sent them."""
+    if body.get("instructions"):
+        return False
+    text = text()
+    if text:
+        body["instructions"] = text
+    return bool(text)
+
+
+def search_tool(body: dict, settings) -> tuple[dict | None, bool]:
+    """The client's web_search tool when the proxy runs search, and whether the body
+    changed: with search off, the backend cannot run it, so it is removed."""
+    t = server_tool(body)
+    if t is None:
+        return None, False
+    if settings.WEB_SEARCH and settings.MAX_SEARCH_ITER > 0:
+        return t, False
+    body["tools"] = [x for x in body["tools"] if x is not t]
     if not body["tools"]:
         body.pop("tools")
         body.pop("tool_choice", None)
+    return None, True
 
 
-class ResponsesSession(DialectSession):
-    path = "/v1/responses"
+def straight_stream(chunks, body):
+    return chunks
 
-    def __init__(self, body: dict, **kw):
-        super().__init__(body, **kw)
-        self.tools = [copy.deepcopy(FUNCTION_TOOL)
-                      if isinstance(t, dict) and t.get("type") in SEARCH_TOOL_TYPES else t
-                      for t in body.get("tools") or []]
-        inp = body["input"]
-        self.input = [{"type": "message", "role": "user", "content": inp}] \
-            if isinstance(inp, str) else list(inp)
-        tc = body.get("tool_choice")
-        self.forced = isinstance(tc, dict) and tc.get("type") in SEARCH_TOOL_TYPES or \
-            tc == "required"
 
-    def round_body(self, stream: bool) -> dict:
-        b = {k: v for k, v in self.body.items() if k not in ("tools", "input", "include")}
-        inc = [x for x in self.body.get("include") or [] if "web_search" not in str(x)]
-        if inc:
-            b["include"] = inc
-        b["input"] = self.input
-        b["stream"] = stream
-        tools = self.tools
-        if not self.searcher.budget_left:
-            tools = [t for t in tools if t.get("name") != TOOL_NAME]
-        if tools:
-            b["tools"] = tools
-        else:
-            b.pop("tool_choice", None)
-            b.pop("parallel_tool_calls", None)
-        tc = b.get("tool_choice")
-        if isinstance(tc, dict) and tc.get("type") in SEARCH_TOOL_TYPES:
-            b["tool_choice"] = {"type": "function", "name": TOOL_NAME}
-        if "tools" in b and (self.searcher.rounds and self.forced or not self.searcher.budget_left
-                             and isinstance(b.get("tool_choice"), dict)
-                             and b["tool_choice"].get("name") == TOOL_NAME):
-            b["tool_choice"] = "auto"
-        return b
-
-    def record(self, items: list[dict], searches: list[Search]) -> None:
-        keep = [_input_item(i) for i in items if i.get("type") in ("message", "function_call")]
-        self.input = self.input + keep + [
-            {"type": "function_call_output", "call_id": s.call.id, "output": s.text}
-            for s in searches]
+def straight_whole(content: bytes) -> bytes:
+    return content
 
 
 def _input_item(item: dict) -> dict:
@@ -188,235 +173,226 @@ def _usage(inp: int, out: int) -> dict:
             "total_tokens": inp + out}
 
 
-def _client_ids(calls) -> None:
-    for c in calls:
-        c.client_id = new_id("ws_")
 
+class ResponsesAdapter(Adapter):
+    path = PATH
+    call_prefix = "ws_"
 
-# ================================================================= non-streaming
+    def __init__(self, body: dict, tool: dict, parts: dict, request):
+        super().__init__(body, tool, parts, request)
+        self.tools = [copy.deepcopy(FUNCTION_TOOL)
+                      if isinstance(t, dict) and t.get("type") in SEARCH_TOOL_TYPES else t
+                      for t in body.get("tools") or []]
+        inp = body["input"]
+        self.input = [{"type": "message", "role": "user", "content": inp}] \
+            if isinstance(inp, str) else list(inp)
+        tc = body.get("tool_choice")
+        self.forced = isinstance(tc, dict) and tc.get("type") in SEARCH_TOOL_TYPES or \
+            tc == "required"
+        self.head: dict | None = None       # the first round's response, less its output
+        self.output: list[dict] = []        # the client's output items, in order
+        self.items: list[dict] = []         # the round's, as the backend sent them
+        self.shown: list[dict] = []         # of which the client saw (not ours)
+        self.last: dict = {}                # the round's response (whole) / its completion
+        self.streaming = False
+        self.seq = 0                        # the client stream's next sequence_number
+        self.inp = self.out = 0
 
-def run_nonstream(s: ResponsesSession) -> Response:
-    output: list[dict] = []
-    head = None
-    inp = out = 0
-    try:
-        while True:
-            r = s.call(stream=False)
-            if r.status_code != 200:
-                return Response(r.content, status=r.status_code, mimetype="application/json")
-            try:
-                obj = r.json()
-                items = obj["output"]
-                if not isinstance(items, list):
-                    raise TypeError
-            except (ValueError, KeyError, TypeError):
-                raise ApiError(f"upstream returned an unexpected Responses object: "
-                               f"{r.content[:200]!r}", 502, code="bad_upstream_response")
-            head = head or obj
-            turn = turn_of(items, obj.get("status"), obj.get("usage"))
-            inp += turn.usage_in
-            out += turn.usage_out
-            step = decide(turn, s.searcher.budget_left)
-            if step is Step.SEARCH:
-                _client_ids(turn.ours)
-                searches = s.searcher.run(turn.ours)
-                output += [i for i in items if not _is_ours(i)]
-                output += [web_search_call(x) for x in searches]
-                s.record(items, searches)
-                continue
-            if step is Step.EXHAUSTED:
-                raise ApiError(s.searcher.exhausted_message(), 502,
-                               code="search_budget_exhausted")
-            for it in items:
-                if _is_ours(it):
-                    continue
-                annotate(it, s.searcher)
-                output.append(it)
-            result = {**head, "status": obj.get("status") or "completed", "output": output,
-                      "usage": _usage(inp, out), "tools": s.body.get("tools") or [],
-                      "model": head.get("model") or s.body.get("model")}
-            result.pop("output_text", None)
-            return Response(json.dumps(result, ensure_ascii=False), status=200,
-                            mimetype="application/json")
-    finally:
-        s.searcher.done()
+    def round_body(self, stream: bool) -> dict:
+        b = dict(self.body)                 # the client's key order: a stable prompt
+        inc = [x for x in self.body.get("include") or [] if "web_search" not in str(x)]
+        if inc:
+            b["include"] = inc
+        else:
+            b.pop("include", None)
+        b["input"] = self.input
+        b["stream"] = stream
+        tools = self.tools
+        if not self.searcher.budget_left:
+            tools = [t for t in tools if t.get("name") != TOOL_NAME]
+        if tools:
+            b["tools"] = tools
+        else:
+            b.pop("tools", None)
+            b.pop("tool_choice", None)
+            b.pop("parallel_tool_calls", None)
+        tc = b.get("tool_choice")
+        if isinstance(tc, dict) and tc.get("type") in SEARCH_TOOL_TYPES:
+            b["tool_choice"] = {"type": "function", "name": TOOL_NAME}
+        if "tools" in b and (self.searcher.rounds and self.forced or not self.searcher.budget_left
+                             and isinstance(b.get("tool_choice"), dict)
+                             and b["tool_choice"].get("name") == TOOL_NAME):
+            b["tool_choice"] = "auto"
+        return b
 
-
-# ================================================================= streaming
-
-class _Out:
-    """The client's stream: one sequence of numbered events."""
-
-    def __init__(self):
-        self.seq = 0
-
-    def __call__(self, obj: dict) -> bytes:
-        """obj (numbered in place) as the next event."""
+    def emit(self, obj: dict) -> bytes:
+        """obj (numbered in place) as the client stream's next event."""
         obj["sequence_number"] = self.seq
         self.seq += 1
         return event(obj["type"], obj)
 
+    def _head(self) -> dict:
+        return self.head or {"id": new_id("resp_"), "object": "response",
+                             "created_at": int(time.time()), "model": self.body.get("model")}
 
-def run_stream(s: ResponsesSession, first: requests.Response) -> Iterator[bytes]:
-    emit = _Out()
-    resp = first
-    head: dict | None = None
-    output: list[dict] = []           # the client's output items, in order
-    inp = out = 0
-    keepalive = s.settings.KEEPALIVE_INTERVAL
+    def searching(self, calls) -> bytes:
+        """Each search's web_search_call item, in progress, while they run."""
+        self.output += self.shown
+        if not self.streaming:
+            return b""
+        out, base = [], len(self.output)
+        for k, c in enumerate(calls):
+            out += [self.emit({"type": "response.output_item.added", "output_index": base + k,
+                               "item": web_search_call(Search(c, c.query, ""), "in_progress")}),
+                    self.emit({"type": "response.web_search_call.in_progress",
+                               "output_index": base + k, "item_id": c.client_id}),
+                    self.emit({"type": "response.web_search_call.searching",
+                               "output_index": base + k, "item_id": c.client_id})]
+        return b"".join(out)
 
-    def failed(message: str, code: str) -> Iterator[bytes]:
-        r = {**(head or {"id": new_id("resp_"), "object": "response",
-                         "created_at": int(time.time()), "model": s.body.get("model")}),
-             "status": "failed", "output": output,
-             "error": {"code": code, "message": message}}
-        yield emit({"type": "response.failed", "response": r})
+    def searched(self, turn: Turn, searches: list[Search]) -> bytes:
+        """The round as the backend sees it next time: its items, our calls' outputs."""
+        keep = [_input_item(i) for i in self.items if i.get("type") in ("message",
+                                                                         "function_call")]
+        self.input = self.input + keep + [
+            {"type": "function_call_output", "call_id": s.call.id, "output": s.text}
+            for s in searches]
+        out, base = [], len(self.output)
+        for k, x in enumerate(searches):
+            item = web_search_call(x)
+            self.output.append(item)
+            if self.streaming:
+                out += [self.emit({"type": "response.web_search_call.completed",
+                                   "output_index": base + k, "item_id": x.call.client_id}),
+                        self.emit({"type": "response.output_item.done",
+                                   "output_index": base + k, "item": item})]
+        return b"".join(out)
 
-    try:
-        if headers_now(first):
-            yield b""
-        while True:
-            where: dict = {}              # backend item key -> client index (None: held)
-            items: dict = {}              # backend item key -> the finished item
-            order: list = []              # backend item keys as they were added
-            done_resp = None
-            for batch in s.batches(resp):
-                sent = []                     # what this read makes: one write
-                for name, obj in batch:
-                    if name == ":":          # a comment: keeps the client's wait alive
-                        sent.append(obj)
-                        continue
-                    t = obj.get("type") or name or ""
-                    if t in ("response.created", "response.in_progress"):
-                        if s.searcher.rounds == 0:          # later rounds: one response
-                            if head is None:
-                                head = {k: v for k, v in (obj.get("response") or {}).items()
-                                        if k not in ("output", "usage")}
-                            obj["response"] = {**head, "output": []}
-                            sent.append(emit(obj))
-                        continue
-                    if t in ("response.completed", "response.incomplete"):
-                        done_resp = obj.get("response") or {}
-                        break
-                    if t in ("response.failed", "error"):
-                        err = obj.get("error") or (obj.get("response") or {}).get("error") \
-                            or obj
-                        sent += failed(str(err.get("message") or err)
-                                       if isinstance(err, dict) else str(err), "upstream_error")
-                        yield b"".join(sent)
-                        return
-                    # the item's key: its output_index, or (llama-server sends none) its id
-                    bi = obj.get("output_index")
-                    if bi is None:
-                        item = obj.get("item") if isinstance(obj.get("item"), dict) else {}
-                        bi = item.get("id") or obj.get("item_id")
-                        if bi is None:
-                            continue
-                    if t == "response.output_item.added":
-                        order.append(bi)
-                        item = obj.get("item") or {}
-                        if _is_ours(item):
-                            where[bi] = None
-                            continue
-                        where[bi] = len(output) + sum(1 for v in where.values() if v is not None)
-                    ci = where.get(bi)
-                    if ci is None:
-                        if t == "response.output_item.done":
-                            items[bi] = obj.get("item") or {}
-                        continue
-                    if t == "response.output_item.done":
-                        item = obj.get("item") or {}
-                        items[bi] = item
-                        for pi, ai, a in annotate(item, s.searcher):
-                            sent.append(emit({"type": "response.output_text.annotation.added",
-                                              "item_id": item.get("id"), "output_index": ci,
-                                              "content_index": pi, "annotation_index": ai,
-                                              "annotation": a}))
-                    obj.pop("sequence_number", None)
-                    if t.startswith(("response.content_part.", "response.output_text.")):
-                        obj.setdefault("content_index", 0)
-                    obj["output_index"] = ci
-                    sent.append(emit(obj))
-                if sent:
-                    yield b"".join(sent)
-                if done_resp is not None:
+    # ------------------------------------------------------------ whole answers
+
+    def turn_of(self, r) -> Turn:
+        try:
+            obj = r.json()
+            items = obj["output"]
+            if not isinstance(items, list):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            raise ApiError(f"upstream returned an unexpected Responses object: "
+                           f"{r.content[:200]!r}", 502, code="bad_upstream_response")
+        self.head = self.head or obj
+        self.last, self.items = obj, items
+        self.shown = [i for i in items if not _is_ours(i)]
+        turn = turn_of(items, obj.get("status"), obj.get("usage"))
+        self.inp += turn.usage_in
+        self.out += turn.usage_out
+        return turn
+
+    def answer(self, turn: Turn) -> Response:
+        for it in self.shown:
+            annotate(it, self.searcher)
+        result = {**self.head, "status": self.last.get("status") or "completed",
+                  "output": self.output + self.shown, "usage": _usage(self.inp, self.out),
+                  "tools": self.body.get("tools") or [],
+                  "model": self.head.get("model") or self.body.get("model")}
+        result.pop("output_text", None)
+        return Response(json.dumps(result, ensure_ascii=False), status=200,
+                        mimetype="application/json")
+
+    # ------------------------------------------------------------ streams
+
+    def relay(self, resp):
+        """One backend stream's events, renumbered into the client's one response
+        (our function calls held back); the round's Turn, or None when it ended the
+        stream."""
+        self.streaming = True
+        first = self.searcher.rounds == 0
+        where: dict = {}              # backend item key -> client index (None: held)
+        items: dict = {}              # backend item key -> the finished item
+        order: list = []              # backend item keys as they were added
+        done = None
+        for batch in sse.json_batches(self.body_of(resp)):
+            sent = []                     # what this read makes: one write
+            for name, obj in batch:
+                if name == ":":          # a comment: keeps the client's wait alive
+                    sent.append(obj)
+                    continue
+                t = obj.get("type") or name or ""
+                if t in ("response.created", "response.in_progress"):
+                    if first:             # later rounds: the same one response
+                        if self.head is None:
+                            self.head = {k: v for k, v in (obj.get("response") or {}).items()
+                                         if k not in ("output", "usage")}
+                        obj["response"] = {**self.head, "output": []}
+                        sent.append(self.emit(obj))
+                    continue
+                if t in ("response.completed", "response.incomplete"):
+                    done = obj.get("response") or {}
                     break
-            resp.end()           # at response.completed: the connection serves the next call
-            if done_resp is None:
-                yield from failed("the upstream stream ended before response.completed",
-                                  "upstream_stream_truncated")
-                return
-            ordered = [items[k] for k in order if k in items]
-            if done_resp is not None:
-                u = done_resp.get("usage") or {}
-                inp += u.get("input_tokens") or 0
-                out += u.get("output_tokens") or 0
-                if not ordered and done_resp.get("output"):
-                    ordered = done_resp["output"]
-            turn = turn_of(ordered, (done_resp or {}).get("status"))
-            step = decide(turn, s.searcher.budget_left)
-            if step is Step.SEARCH:
-                output += [items[k] for k in order if k in items and where.get(k) is not None]
-                calls = turn.ours
-                _client_ids(calls)
-                planned = s.searcher.start(calls)
-                base = len(output)
-                for k, c in enumerate(calls):
-                    pending = Search(c, c.query, "")
-                    yield emit({"type": "response.output_item.added", "output_index": base + k,
-                                "item": web_search_call(pending, "in_progress")})
-                    yield emit({"type": "response.web_search_call.in_progress",
-                                "output_index": base + k, "item_id": c.client_id})
-                    yield emit({"type": "response.web_search_call.searching",
-                                "output_index": base + k, "item_id": c.client_id})
-                futs = s.searcher.futures(planned)
-                while futs:
-                    _, pend = cf.wait(futs, timeout=keepalive)
-                    futs = list(pend)
-                    if futs:
-                        yield b": keep-alive\n\n"
-                searches = s.searcher.finish(calls, planned)
-                for k, x in enumerate(searches):
-                    yield emit({"type": "response.web_search_call.completed",
-                                "output_index": base + k, "item_id": x.call.client_id})
-                    item = web_search_call(x)
-                    output.append(item)
-                    yield emit({"type": "response.output_item.done", "output_index": base + k,
-                                "item": item})
-                s.record(ordered, searches)
-                resp = s.call(stream=True)
-                if resp.status_code != 200:
-                    try:
-                        msg = resp.json()["error"]["message"]
-                    except (ValueError, KeyError, TypeError):
-                        msg = f"upstream answered HTTP {resp.status_code}"
-                    yield from failed(msg, "upstream_error")
-                    return
-                continue
-            if step is Step.TRUNCATED:
-                yield from failed("the upstream stream ended without a finish",
-                                  "upstream_stream_truncated")
-                return
-            if step is Step.EXHAUSTED:
-                yield from failed(s.searcher.exhausted_message(), "search_budget_exhausted")
-                return
-            output += [items[k] for k in order if k in items and where.get(k) is not None]
-            status = (done_resp or {}).get("status") or "completed"
-            final = {**(head or {"id": new_id("resp_"), "object": "response",
-                                 "created_at": int(time.time()), "model": s.body.get("model")}),
-                     **{k: v for k, v in (done_resp or {}).items()
-                        if k in ("incomplete_details", "completed_at")},
-                     "status": status, "output": output, "usage": _usage(inp, out)}
-            yield emit({"type": "response.incomplete" if status == "incomplete"
-                        else "response.completed", "response": final})
-            return
-    except ClientGone:
-        return
-    except ApiError as e:
-        yield from failed(e.message, e.code or "error")
-    except requests.RequestException as e:
-        yield from failed(f"upstream stream failed: {e}", "upstream_error")
-    finally:
-        resp.close()
-        s.searcher.done()
+                if t in ("response.failed", "error"):
+                    err = obj.get("error") or (obj.get("response") or {}).get("error") or obj
+                    sent.append(self.fail(str(err.get("message") or err)
+                                          if isinstance(err, dict) else str(err), 502,
+                                          "upstream_error"))
+                    yield b"".join(sent)
+                    return None
+                # the item's key: its output_index, or (llama-server sends none) its id
+                bi = obj.get("output_index")
+                if bi is None:
+                    item = obj.get("item") if isinstance(obj.get("item"), dict) else {}
+                    bi = item.get("id") or obj.get("item_id")
+                    if bi is None:
+                        continue
+                if t == "response.output_item.added":
+                    order.append(bi)
+                    if _is_ours(obj.get("item") or {}):
+                        where[bi] = None
+                        continue
+                    where[bi] = len(self.output) + sum(1 for v in where.values()
+                                                       if v is not None)
+                ci = where.get(bi)
+                if t == "response.output_item.done":
+                    items[bi] = item = obj.get("item") or {}
+                    if ci is not None:
+                        for pi, ai, a in annotate(item, self.searcher):
+                            sent.append(self.emit({
+                                "type": "response.output_text.annotation.added",
+                                "item_id": item.get("id"), "output_index": ci,
+                                "content_index": pi, "annotation_index": ai,
+                                "annotation": a}))
+                if ci is None:
+                    continue
+                obj.pop("sequence_number", None)
+                if t.startswith(("response.content_part.", "response.output_text.")):
+                    obj.setdefault("content_index", 0)
+                obj["output_index"] = ci
+                sent.append(self.emit(obj))
+            if sent:
+                yield b"".join(sent)
+            if done is not None:
+                break
+        if done is None:
+            yield self.fail("the upstream stream ended before response.completed", 502,
+                            "upstream_stream_truncated")
+            return None
+        self.last = done
+        u = done.get("usage") or {}
+        self.inp += u.get("input_tokens") or 0
+        self.out += u.get("output_tokens") or 0
+        self.items = [items[k] for k in order if k in items] or done.get("output") or []
+        self.shown = [items[k] for k in order if k in items and where.get(k) is not None]
+        return turn_of(self.items, done.get("status"))
 
+    def end(self, turn: Turn) -> bytes:
+        self.output += self.shown
+        status = self.last.get("status") or "completed"
+        final = {**self._head(),
+                 **{k: v for k, v in self.last.items()
+                    if k in ("incomplete_details", "completed_at")},
+                 "status": status, "output": self.output, "usage": _usage(self.inp, self.out)}
+        return self.emit({"type": "response.incomplete" if status == "incomplete"
+                          else "response.completed", "response": final})
+
+    def fail(self, message: str, status: int, code: str) -> bytes:
+        r = {**self._head(), "status": "failed", "output": self.output,
+             "error": {"code": code, "message": message}}
+        return self.emit({"type": "response.failed", "response": r})

@@ -237,23 +237,3 @@ class ScriptedDialects(ScriptedChat):
                 raise ConnectionAbortedError("scripted stream break")
             yield b
 
-
-class ChatOnly(ScriptedChat):
-    """A backend that speaks chat completions only: /v1/messages and /v1/responses are
-    404 as llama-server answers an unknown path; `missing` counts those probes."""
-
-    def __init__(self, *a, **kw):
-        self.missing: list[str] = []
-        super().__init__(*a, **kw)
-
-    def _make_app(self):
-        app = super()._make_app()
-
-        def not_found():
-            self.missing.append(request.path)
-            return jsonify({"error": {"code": 404, "message": "File Not Found",
-                                      "type": "not_found_error"}}), 404
-
-        app.add_url_rule("/v1/messages", "no_messages", not_found, methods=["POST"])
-        app.add_url_rule("/v1/responses", "no_responses", not_found, methods=["POST"])
-        return app

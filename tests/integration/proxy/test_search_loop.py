@@ -7,6 +7,7 @@ import requests
 from tests.support.chat import Reply, call, search
 from tests.support.metrics import scrape
 from tests.support.searxng import make_results
+from tests.support.servers import wait_until
 
 from tests.support.ask import ask, check_stream_shape
 
@@ -268,7 +269,10 @@ def test_metrics_count_searches_and_rounds(proxy, chat):
     assert m.value("proxy_search_rounds_count") == 1 and m.value("proxy_search_rounds_sum") == 1
     assert m.value("proxy_requests_total", route="/v1/chat/completions", method="POST",
                    status="200") == 1
-    assert m.value("proxy_time_to_first_byte_seconds_count", route="/v1/chat/completions") == 1
+    # a whole answer's time is counted at its close, after the client has it
+    wait_until(lambda: scrape(proxy).value("proxy_time_to_first_byte_seconds_count",
+                                           route="/v1/chat/completions") == 1,
+               "the answer's time counted")
 
 
 def test_an_answer_without_searches_leaves_as_the_backend_sent_it(proxy, chat, searx):

@@ -5,7 +5,7 @@ import pytest
 from common import sse
 from common.errors import ApiError
 from proxy import normalize
-from proxy.search import loop
+from proxy.dialects import chat
 from proxy.settings import Settings
 
 
@@ -101,4 +101,4 @@ def test_not_json():
     ({"n": 2}, {}, False),
 ])
 def test_should_inject(body, settings, expect):
-    assert loop.should_inject(body, Settings.from_env({}, **settings)) is expect
+    assert chat.should_inject(body, Settings.from_env({}, **settings)) is expect

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from common import sse
 from proxy import normalize
-from proxy.search import loop
+from proxy.dialects import chat
+from proxy.search import rounds
 from proxy.search.searxng import SearchOutcome
 from proxy.settings import Settings
 
@@ -253,16 +254,27 @@ def pool():
         yield p
 
 
-def run(rounds, cutter, pool, fast=True, monkeypatch=None):
+class Request:
+    environ = {}
+    headers = {}
+
+
+def adapter(up, searx, pool) -> chat.ChatAdapter:
+    """The chat search adapter of a streamed request, over fakes."""
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "q"}]}
+    chat.inject_tool(body)
+    parts = dict(settings=Settings.from_env({}), upstream=up, searx=searx, metrics=Metrics(),
+                 executor=pool)
+    return chat.ChatAdapter(body, {}, parts, Request())
+
+
+def run(script, cutter, pool, fast=True, monkeypatch=None):
     """The client's bytes, the bodies sent to the backend and the queries searched."""
     if not fast:
-        monkeypatch.setattr(loop, "_plain", lambda whole: False)
-    up, searx = Upstream(rounds, cutter), Searx()
-    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "q"}]}
-    loop.inject_tool(body)
-    s = loop.SearchSession(body, settings=Settings.from_env({}), upstream=up, searx=searx,
-                           metrics=Metrics(), executor=pool, headers={})
-    pieces = list(loop.run_stream(s, s.call_model(stream=True)))
+        monkeypatch.setattr(chat, "_plain", lambda whole: False)
+    up, searx = Upstream(script, cutter), Searx()
+    ad = adapter(up, searx, pool)
+    pieces = list(rounds._stream(ad, ad.call(stream=True)))
     if not fast:
         monkeypatch.undo()
     return pieces, up.bodies, searx.queries
@@ -308,7 +320,7 @@ def test_loop_same_bytes_however_cut(cuts, name):
 def test_loop_writes_once_per_read_and_parses_no_plain_chunk(pool, monkeypatch):
     def no_parse(whole):
         raise AssertionError("a plain answer's text was parsed")
-    monkeypatch.setattr(loop, "_text_of", no_parse)
+    monkeypatch.setattr(chat, "_text_of", no_parse)
     pieces, _, _ = run([ANSWER], whole, pool)
     # one read: the comments, the plain chunks unchanged, the usage in one write; the
     # finish (held back), usage and [DONE] in another
@@ -322,25 +334,21 @@ def test_the_first_chunk_goes_out_unparsed(pool, monkeypatch):
     """It lies between the backend's first token and the client: the stream's
     head (id, created, model) is read from it only when a chunk of ours needs it."""
     parsed = []
-    real = loop.guard.answer_json
-    monkeypatch.setattr(loop.guard, "answer_json", lambda raw: parsed.append(raw) or real(raw))
-    up = Upstream([ANSWER], lambda d: reference_events(d)[0])
-    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "q"}]}
-    loop.inject_tool(body)
-    s = loop.SearchSession(body, settings=Settings.from_env({}), upstream=up, searx=Searx(),
-                           metrics=Metrics(), executor=pool, headers={})
-    out = loop.run_stream(s, s.call_model(stream=True))
+    real = chat.guard.answer_json
+    monkeypatch.setattr(chat.guard, "answer_json", lambda raw: parsed.append(raw) or real(raw))
+    ad = adapter(Upstream([ANSWER], lambda d: reference_events(d)[0]), Searx(), pool)
+    out = rounds._stream(ad, ad.call(stream=True))
     assert [next(out), next(out), next(out)] == [LOADING, ROLE, text("Hel")[0]]
     assert parsed == []
     assert b"".join(out).endswith(sse.DONE)    # the head, when needed: the slow path's bytes
 
 
 def test_plain_is_strict():
-    assert loop._plain(b"".join(text("a", "b")))
+    assert chat._plain(b"".join(text("a", "b")))
     for e in (ROLE + FINISH, FINISH, USAGE, LOADING, sse.DONE, call(0, "x"), SPACED[1],
               chunk({"reasoning": "r"}), text("a")[0].replace(b"\n\n", b"\n: c\n\n"),
               sse.emit({"choices": []}), text("a")[0] + b"\n", b"\n" + text("a")[0]):
-        assert not loop._plain(e), e
+        assert not chat._plain(e), e
 
 
 # ------------------------------------------------ native Messages: message_start first

@@ -1,0 +1,465 @@
+"""Chat completions (`POST /v1/chat/completions`) with the web_search tool we inject.
+
+The adapter's `body["messages"]` is the internal history: assistant turns with our
+web_search calls (reasoning kept), one tool message per call id; nothing of it is
+shown to the client but the final answer (whole) or every round's content and
+reasoning deltas (streamed). In a turn that also calls client tools, their calls go
+back to the client untouched and ours are dropped (not run, never shown).
+"""
+from __future__ import annotations
+
+import copy
+import json
+
+from flask import Response
+
+from common import guard, sse
+from common.errors import ApiError, error_body
+
+from .. import normalize
+from ..search.engine import TOOL_DESCRIPTION, TOOL_PARAMETERS, Turn
+from .base import TOOL_NAME, Adapter
+
+PATH = "/v1/chat/completions"
+FLOOR_KEYS = ("max_tokens", "max_completion_tokens")
+WEB_SEARCH_FUNCTION = {"name": TOOL_NAME, "description": TOOL_DESCRIPTION,
+                       "parameters": TOOL_PARAMETERS}
+
+
+def parse(raw: bytes) -> dict:
+    return normalize.parse_chat_body(raw)
+
+
+def system_prompt(body: dict, text) -> bool:
+    """A system message first, unless the conversation begins with one."""
+    if body["messages"][0].get("role") in ("system", "developer"):
+        return False
+    return normalize.inject_system_prompt(body, text())
+
+
+def _tool_name(t) -> str | None:
+    if isinstance(t, dict):
+        fn = t.get("function")
+        if isinstance(fn, dict):
+            return fn.get("name")
+    return None
+
+
+def should_inject(body: dict, settings) -> bool:
+    """Add our tool unless the client defines one of that name, tool_choice is "none" or
+    names another function, the operator turned it off, or n > 1."""
+    if not settings.WEB_SEARCH or settings.MAX_SEARCH_ITER <= 0:
+        return False
+    if any(_tool_name(t) == TOOL_NAME for t in body.get("tools") or []):
+        return False
+    tc = body.get("tool_choice")
+    if tc == "none":
+        return False
+    if isinstance(tc, dict):
+        name = _tool_name(tc) or tc.get("name")
+        if name and name != TOOL_NAME:
+            return False
+    return (body.get("n") or 1) <= 1
+
+
+def inject_tool(body: dict) -> None:
+    """web_search last: the tools before it render as the client sent them, so the
+    prompt's prefix stays the same turn to turn (fresh outer dicts; the schema is
+    shared, nothing changes it)."""
+    body["tools"] = list(body.get("tools") or []) + [
+        {"type": "function", "function": dict(WEB_SEARCH_FUNCTION)}]
+
+
+def search_tool(body: dict, settings) -> tuple[dict | None, bool]:
+    """The search tool's settings when the proxy runs search for this request (ours,
+    injected: no limits of its own), and whether the body changed."""
+    if not should_inject(body, settings):
+        return None, False
+    inject_tool(body)
+    return {}, True
+
+
+def straight_stream(chunks, body):
+    return normalize.normalize_sse(chunks)
+
+
+def straight_whole(content: bytes) -> bytes:
+    return normalize.normalize_completion_bytes(content)
+
+
+def _usage_add(total: dict | None, u) -> dict | None:
+    if not isinstance(u, dict):
+        return total
+    total = dict(total or {})
+    for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        if isinstance(u.get(k), int):
+            total[k] = total.get(k, 0) + u[k]
+    return total
+
+
+def turn_of_message(msg: dict, finish=None) -> Turn:
+    """A whole chat message as a Turn."""
+    t = Turn()
+    t.text(msg.get("content") if isinstance(msg.get("content"), str) else None)
+    for i, c in enumerate(msg.get("tool_calls") or []):
+        if not isinstance(c, dict):
+            continue
+        fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+        args = fn.get("arguments")
+        t.call(i, c.get("id"), fn.get("name") or "")
+        t.args(i, args if isinstance(args, str) else json.dumps(args or {}))
+    t.finish = finish
+    return t
+
+
+class ChatAdapter(Adapter):
+    path = PATH
+    keepalive = sse.KEEPALIVE
+
+    def __init__(self, body: dict, tool: dict, parts: dict, request):
+        super().__init__(body, tool, parts, request)
+        self.usage: dict | None = None
+        self.forced = isinstance(body.get("tool_choice"), dict)  # named web_search
+        self.rkey: str | None = None        # the round's reasoning field
+        self.head = _Head()                 # id/created/model of the client's stream
+        self.whole: tuple | None = None     # the last whole answer: raw, obj, choice, msg
+
+    def round_body(self, stream: bool) -> dict:
+        b = dict(self.body)
+        b["stream"] = stream
+        if self.searcher.rounds and self.forced:
+            b["tool_choice"] = "auto"      # forcing web_search every round would never end
+        if not self.searcher.budget_left:
+            tools = [t for t in b.get("tools") or [] if _tool_name(t) != TOOL_NAME]
+            if tools:
+                b["tools"] = tools
+                if isinstance(b.get("tool_choice"), dict):
+                    b["tool_choice"] = "auto"
+            else:
+                b.pop("tools", None)
+                b.pop("tool_choice", None)
+                b.pop("parallel_tool_calls", None)
+        return b
+
+    def searched(self, turn: Turn, searches) -> bytes:
+        """The round as the model sees it next time: its turn, one tool message per call."""
+        assistant = {"role": "assistant", "content": turn.content or None,
+                     "tool_calls": [{"id": c.id, "type": "function",
+                                     "function": {"name": c.name, "arguments": c.args}}
+                                    for c in turn.ours]}
+        if turn.reasoning and self.rkey:
+            assistant[self.rkey] = "".join(turn.reasoning)
+        self.body["messages"] = list(self.body["messages"]) + [assistant] + [
+            {"role": "tool", "tool_call_id": x.call.id, "content": x.text} for x in searches]
+        return b""
+
+    # ------------------------------------------------------------ whole answers
+
+    def turn_of(self, r):
+        raw = r.content
+        if self.searcher.rounds == 0 and b'"tool_calls"' not in raw and \
+                b'"reasoning' not in raw:
+            # No call of ours or theirs, nothing to mirror: the answer as it came.
+            return Response(raw, status=200, mimetype="application/json")
+        try:
+            obj = guard.answer_json(raw)
+            choice = obj["choices"][0]
+            msg = choice["message"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise ApiError(f"upstream returned an unexpected chat response: "
+                           f"{raw[:200]!r}", 502, code="bad_upstream_response")
+        self.usage = _usage_add(self.usage, obj.get("usage"))
+        self.whole = raw, obj, choice, msg
+        turn = turn_of_message(msg, choice.get("finish_reason"))
+        self.rkey = next((k for k in normalize.REASONING_KEYS if msg.get(k)), None)
+        turn.think(msg.get(self.rkey) if self.rkey else None)
+        return turn
+
+    def answer(self, turn: Turn) -> Response:
+        """The client's tool calls (ours dropped) or the answer, with its sources."""
+        raw, obj, choice, msg = self.whole
+        changed = False
+        if turn.ours:
+            changed = True
+            theirs = [c for c in msg["tool_calls"] if _tool_name(c) != TOOL_NAME]
+            if theirs:
+                msg["tool_calls"] = theirs
+            else:
+                msg.pop("tool_calls", None)
+                if choice.get("finish_reason") == "tool_calls":
+                    choice["finish_reason"] = "stop"
+        if not turn.theirs and self.settings.SEARCH_SOURCES:
+            block = self.searcher.sources.block(msg.get("content"))
+            if block:
+                changed = True
+                msg["content"] = (msg.get("content") or "") + block
+        changed |= bool(normalize.normalize_completion(obj))
+        if self.usage and self.searcher.rounds:         # the rounds' usage, summed
+            changed = True
+            obj["usage"] = {**(obj.get("usage") or {}), **self.usage}
+        # An answer of one round that needs no change leaves as the backend sent it.
+        return Response(guard.dumps(obj) if changed else raw, status=200,
+                        mimetype="application/json")
+
+    # ------------------------------------------------------------ streams
+
+    def relay(self, resp):
+        """Relay one backend stream, the events of each read in one write; the
+        round's Turn, or None when an error event ended the stream."""
+        rnd = _Round(first_round=self.searcher.rounds == 0)
+        self.rkey = None
+        for whole in sse.batches(self.body_of(resp)):
+            if rnd.first_round and _plain(whole):
+                self.head.see(whole)
+                rnd.turn.texts.append(whole)       # parsed only if the text is needed
+                yield whole
+                continue
+            out: list[bytes] = []
+            more = self._events(whole, rnd, out)
+            if out:
+                yield b"".join(out)
+            if more is False:
+                return None
+            if more:
+                break
+        self.finish_obj = rnd.finish_obj
+        self.rkey = rnd.rkey
+        return rnd.turn
+
+    def _events(self, whole: bytes, rnd: "_Round", out: list) -> bool | None:
+        """The client's bytes for the events of one read, into `out`; True at [DONE],
+        False when an error ended the stream, None to read on."""
+        head = self.head
+        for raw in sse.split(whole):
+            if rnd.first_round and _plain(raw):
+                head.see(raw)
+                rnd.turn.texts.append(raw)
+                out.append(raw)
+                continue
+            ev = sse.parse_event(raw)
+            if ev is None:
+                continue
+            if ev.data is None:
+                out.append(raw)              # a comment (the swapper's progress): pass it on
+                continue
+            if ev.is_done:
+                return True
+            try:
+                obj = guard.answer_json(ev.data)
+            except ValueError:
+                continue
+            if not isinstance(obj, dict):
+                continue
+            if "error" in obj:
+                out += (sse.emit(obj), sse.DONE)
+                return False
+            head.learn(obj)
+            chunk, changed = rnd.feed(obj, self)
+            if chunk is None:
+                continue
+            if not changed:
+                out.append(raw)
+            else:
+                chunk.update(head.fields)
+                out.append(sse.emit(chunk))
+        return None
+
+    def end(self, turn: Turn) -> bytes:
+        """The end of the client's stream, in one write: sources, the finish chunk,
+        usage, [DONE]."""
+        out = []
+        fin = self.finish_obj or {"object": "chat.completion.chunk",
+                                  "choices": [{"index": 0, "delta": {},
+                                               "finish_reason": "stop"}]}
+        head = self.head.fields
+        fin.update(head)
+        fin.pop("usage", None)
+        fch = fin["choices"][0]
+        fch["delta"] = {}
+        if turn.theirs:
+            fch["finish_reason"] = "tool_calls"
+        else:
+            if fch.get("finish_reason") == "tool_calls":
+                fch["finish_reason"] = "stop"
+            sources = self.searcher.sources
+            block = sources.block(turn.content) \
+                if self.settings.SEARCH_SOURCES and sources.items else ""
+            if block:
+                out.append(sse.emit({**head, "object": "chat.completion.chunk",
+                                     "choices": [{"index": 0, "delta": {"content": block},
+                                                  "finish_reason": None}]}))
+        out.append(sse.emit(fin))
+        if self.usage:
+            out.append(sse.emit({**head, "object": "chat.completion.chunk", "choices": [],
+                                 "usage": self.usage}))
+        out.append(sse.DONE)
+        return b"".join(out)
+
+    def fail(self, message: str, status: int, code: str) -> bytes:
+        return sse.emit(error_body(message, status, code=code)) + sse.DONE
+
+    def fail_answer(self, raw: bytes, status: int) -> bytes:
+        """The upstream's own envelope, as it is, when it sent one."""
+        try:
+            obj = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            obj = None
+        if isinstance(obj, dict) and "error" in obj:
+            return sse.emit(obj) + sse.DONE
+        return super().fail_answer(raw, 502)
+
+
+class _Round:
+    """One streamed chat round: feeds the Turn, and renumbers the client's tool calls
+    (ours are held back, so theirs get consecutive indexes)."""
+
+    def __init__(self, first_round: bool):
+        self.turn = _ChatTurn()
+        self.first_round = first_round
+        self.rkey: str | None = None
+        self.finish_obj: dict | None = None
+        self._out: dict[int, int] = {}         # backend index -> client index
+        self._pending: dict[int, list] = {}    # fragments that came before the name
+
+    def tool_deltas(self, tcs: list[dict]) -> list[dict]:
+        """The client's share of one delta's tool_calls."""
+        out = []
+        for tc in tcs:
+            idx = tc.get("index", 0)
+            fn = tc.get("function") or {}
+            c = self.turn.call(idx, tc.get("id"), fn.get("name"))
+            self.turn.args(idx, fn.get("arguments"))
+            if not c.name:
+                self._pending.setdefault(idx, []).append(tc)
+                continue
+            pending = self._pending.pop(idx, [])
+            if c.name == TOOL_NAME:
+                continue                       # ours: held back
+            if idx not in self._out:
+                self._out[idx] = len(self._out)
+            out += [{**p, "index": self._out[idx]} for p in pending + [tc]]
+        return out
+
+    def feed(self, obj: dict, ad: ChatAdapter) -> tuple[dict | None, bool]:
+        """One backend chunk -> (the chunk for the client or None, whether it changed:
+        an unchanged chunk goes out as the backend's own bytes)."""
+        changed = not self.first_round
+        if "usage" in obj:
+            ad.usage = _usage_add(ad.usage, obj.pop("usage"))
+            changed = True
+        choices = obj.get("choices") or []
+        if not choices:
+            return None, changed
+        ch = choices[0]
+        delta = ch.get("delta") or {}
+        if not self.first_round:
+            delta.pop("role", None)
+        self.turn.text(delta.get("content"))
+        for k in normalize.REASONING_KEYS:
+            if delta.get(k):
+                self.rkey = self.rkey or k
+                if k == self.rkey:
+                    self.turn.think(delta[k])
+        changed |= normalize.mirror_reasoning(delta)
+        if delta.get("tool_calls"):
+            changed = True
+            out_tcs = self.tool_deltas(delta["tool_calls"])
+            if out_tcs:
+                delta["tool_calls"] = out_tcs
+            else:
+                delta.pop("tool_calls")
+        if ch.get("finish_reason"):
+            self.finish_obj = obj
+            self.turn.finish = ch["finish_reason"]
+            ch["delta"] = delta
+            if not _meaningful(delta):
+                return None, True
+            obj = copy.deepcopy(obj)            # the delta now, the finish_reason later
+            obj["choices"][0]["finish_reason"] = None
+            return obj, True
+        if not changed:
+            return obj, False
+        if not _meaningful(delta):
+            return None, True
+        ch["delta"] = delta
+        return obj, True
+
+
+class _Head:
+    """id, created, model and system_fingerprint of the client's stream: the first
+    round's, taken from its first chunk when first needed. That chunk goes out
+    as the backend sent it, unparsed (it lies between the first token and the
+    client; most streams never need their head)."""
+
+    KEYS = ("id", "created", "model", "system_fingerprint")
+
+    def __init__(self):
+        self._raw: bytes | None = None          # the first plain chunk(s), unparsed
+        self._fields: dict | None = None
+
+    def see(self, raw: bytes) -> None:
+        if self._raw is None and self._fields is None:
+            self._raw = raw
+
+    def learn(self, obj: dict) -> None:
+        if self._fields is None and self._raw is None:
+            self._fields = {k: obj[k] for k in self.KEYS if k in obj}
+
+    @property
+    def fields(self) -> dict:
+        if self._fields is None:
+            self._fields = {}
+            for ev in sse.events(self._raw or b""):
+                try:
+                    obj = guard.answer_json(ev.data)
+                except (ValueError, TypeError):
+                    continue
+                if isinstance(obj, dict):
+                    self._fields = {k: obj[k] for k in self.KEYS if k in obj}
+                    break
+            self._raw = None
+        return self._fields
+
+
+def _plain(whole: bytes) -> bool:
+    """Whether whole events (one or more) are all chunks that the first round passes
+    on as the backend sent them and learns only their text from: each a single
+    `data:` line holding a JSON object with a choice; no tool calls, reasoning, usage
+    or error (what the round may change or act on); a null (or no) finish_reason.
+    Checked on the bytes, at C speed; a false "no" only costs the parse."""
+    n = whole.count(b"\n\n")
+    return (whole.startswith(b'data: {"') and whole.endswith(b"}\n\n")
+            and whole.count(b"\n") == 2 * n
+            and whole.count(b'}\n\ndata: {"') == n - 1
+            and whole.count(b'"choices":[{') == n
+            and whole.count(b'"finish_reason"') == whole.count(b'"finish_reason":null')
+            and b'"tool_calls"' not in whole and b'"reasoning' not in whole
+            and b'"usage"' not in whole and b'"error"' not in whole)
+
+
+def _text_of(whole: bytes) -> str:
+    """The content of plain chunks (see _plain), as _Round.feed would have taken it."""
+    texts = []
+    for ev in sse.events(whole):
+        try:
+            delta = json.loads(ev.data)["choices"][0].get("delta") or {}
+        except (ValueError, TypeError, KeyError, IndexError):
+            continue
+        if delta.get("content"):
+            texts.append(delta["content"])
+    return "".join(texts)
+
+
+class _ChatTurn(Turn):
+    """A streamed chat turn whose `texts` may hold the bytes of plain chunks (see
+    _plain), parsed the first time its content is read (most answers never are)."""
+
+    @property
+    def content(self) -> str:
+        if any(type(t) is bytes for t in self.texts):
+            self.texts = [t if type(t) is str else _text_of(t) for t in self.texts]
+        return "".join(self.texts)
+
+
+def _meaningful(delta: dict) -> bool:
+    return any(v not in (None, "", [], {}) for v in delta.values())
