@@ -86,7 +86,7 @@ def too_large(limit: int) -> Response:
 def error_for(e: Exception, log: logging.Logger, body_limit: int | None = None) -> Response:
     """The envelope answering an exception a request handler raised: the one
     mapping, for Flask's routes (install_error_handlers) and the hot routes
-    (common.hotpath) alike. Anything unexpected is logged with its trace and
+    alike. Anything unexpected is logged with its trace and
     answered 500, without it."""
     if isinstance(e, ApiError):
         return e.response()

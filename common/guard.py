@@ -61,6 +61,16 @@ def raw_path(environ: dict) -> str:
     return environ.get("PATH_INFO", "")
 
 
+def raw_tail(environ: dict, skip: int) -> str:
+    """The raw request path (still percent-encoded, as the client sent it) less
+    its first `skip` segments: what a route forwards, so that nothing decoded is
+    ever written into the next request line. `/upstream/m/a%20b`, skip 2:
+    `a%20b`. Segments match the routed (decoded) path one to one: the guard
+    refuses encoded slashes."""
+    parts = raw_path(environ).split("/", skip + 1)
+    return parts[skip + 1] if len(parts) > skip + 1 else ""
+
+
 _SLASHES = re.compile(r"//+")
 
 

@@ -154,35 +154,37 @@ class FanOut:
 
         def member(i: int):
             lease = None
-            complete = False
+            end: object = RuntimeError("the generation ended without a word")
             try:
                 lease, up = first if i == 0 else open_member(i)
                 ups[i] = up
                 if stop.is_set():
                     return
                 if up.status_code != 200:
-                    q.put((i, RuntimeError(f"the backend answered {up.status_code}: "
-                                           f"{up.text[:300]}")))
+                    end = RuntimeError(f"the backend answered {up.status_code}: "
+                                       f"{up.text[:300]}")
                     return
                 for ev in iter_events(iter_body(up)):
                     if stop.is_set():
                         return
                     if ev.data is not None:
                         q.put((i, ev.data))
-                complete = True
-                q.put((i, None))
+                end = None
             except ApiError as e:
-                q.put((i, e))
-            except Exception as e:        # broken upstream: fail the whole request
+                end = e
+            except BaseException as e:    # broken upstream, or anything: fail the request
                 if lease is not None and not stop.is_set():
                     cause = classify(e)
                     lease.finish(status_of(cause), cause)
-                q.put((i, e))
+                end = e if isinstance(e, Exception) else RuntimeError(repr(e))
+                if not isinstance(e, Exception):
+                    raise
             finally:
+                q.put((i, end))           # whatever ended it, the merge hears of it
                 if i in ups:
                     ups[i].close()
                 if lease is not None:
-                    if complete:
+                    if end is None:
                         lease.finish(200)
                     else:
                         lease.finish(status_of("client_gone"), "client_gone")

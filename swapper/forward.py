@@ -52,7 +52,7 @@ class Forwarder:
         own events follow, or an error event ends it."""
         if not stream:
             return relay(*self.open(model, method, path, query, headers, body, environ))
-        (lease,) = self.admission.queue(model)
+        (lease,) = self.admission.queue(model, environ)
         try:
             admitted = self.admission.wait(lease, environ, timeout=0.05)
         except BaseException:

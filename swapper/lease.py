@@ -8,11 +8,20 @@ failing, one member of a fan-out -- ends it with `lease.finish(status, cause)`.
 Only the first call counts: the slot goes back to the scheduler, the request is
 counted, and a cause that may be the backend's makes the driver look at its
 container (a dead one is reported as a crash, so the next request restarts it).
+
+A lease cannot leak, by construction: every lease is made for a request's WSGI
+environ and listed in it, and `EndsLeases`, the outermost layer of the app, ends
+whatever the request left open when its answer is closed (the WSGI server
+closes every answer, read to its end or not) or when the app raised instead of
+answering. Code on the way may finish a lease early and with a better status;
+whatever it raises, at whatever line, the request's end comes once, here.
 """
 from __future__ import annotations
 
 import threading
 import time
+
+from werkzeug.wsgi import ClosingIterator
 
 from common.disconnect import POLL, client_gone
 from common.failures import failure
@@ -41,6 +50,19 @@ class Lease:
     @property
     def backend(self):
         return self.ticket.backend
+
+    def close(self) -> None:
+        """The request ended without finishing its lease (the backstop, see the
+        module): a ticket still queued leaves the queue, an admitted one gives
+        its slot back, counted as a failed request."""
+        with self._lock:
+            if self.finished:
+                return
+            self.finished = True
+        admitted = self.ticket.state == "admitted"
+        self._admission.scheduler.cancel(self.ticket)
+        if admitted:
+            self._admission.metrics.request_done(self.model, 500)
 
     def finish(self, status: int, cause: str | None = None) -> bool:
         """End the request (idempotent). `cause` names a failure (a key of
@@ -73,7 +95,7 @@ class Admission:
         they join the same epoch, so no swap comes between them) and return
         their leases once the first is admitted; wait on the others with
         `wait()`. Raises ApiError."""
-        leases = self.queue(model, count)
+        leases = self.queue(model, environ, count)
         try:
             self.wait(leases[0], environ)
         except BaseException:
@@ -81,10 +103,12 @@ class Admission:
             raise
         return leases
 
-    def queue(self, model: str, count: int = 1) -> list[Lease]:
-        """Queue `count` requests for `model` without waiting. Raises ApiError
-        (queue full)."""
-        return [Lease(self, t) for t in self._submit(model, count)]
+    def queue(self, model: str, environ: dict, count: int = 1) -> list[Lease]:
+        """Queue `count` requests for `model` without waiting, listed in the
+        request's `environ` (EndsLeases ends them). Raises ApiError (queue full)."""
+        leases = [Lease(self, t) for t in self._submit(model, count)]
+        environ.setdefault(LEASES, []).extend(leases)
+        return leases
 
     def wait(self, lease: Lease, environ: dict, timeout: float | None = None) -> bool:
         """Block until `lease`'s ticket is admitted (True), or `timeout` passes
@@ -131,6 +155,32 @@ class Admission:
         if ticket.model is not None:
             self.metrics.queued(ticket.model, time.monotonic() - t0)
         return True
+
+
+LEASES = "swapper.leases"           # environ key: the request's leases
+
+
+class EndsLeases:
+    """WSGI middleware, outermost: the one place where a request's leases end
+    (see the module). Their owners' finish() comes first when it comes at all;
+    close() after it does nothing."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        environ[LEASES] = leases = []
+        try:
+            answer = self.app(environ, start_response)
+        except BaseException:
+            _close(leases)
+            raise
+        return ClosingIterator(answer, lambda: _close(leases))
+
+
+def _close(leases: list[Lease]) -> None:
+    for lease in leases:
+        lease.close()
 
 
 def waiting_for(snapshot: dict, model: str) -> str:
