@@ -54,6 +54,10 @@ class SwapperMetrics:
             buckets=common.LOAD_BUCKETS, registry=r)
         self._crashes = Counter(
             "swapper_crashes", "Backends found dead.", ("model",), registry=r)
+        self._mapped = Counter(
+            "swapper_models_mapped", "Requests naming no registry model that a "
+            "model_patterns entry answered (agents' own tier names), by pattern and the "
+            "model used.", ("pattern", "model"), registry=r)
         # The children each request writes, looked up once per label values.
         self._requests_of = common.Children(self._requests)
         self._queue_wait_of = common.Children(self._queue_wait)
@@ -70,6 +74,10 @@ class SwapperMetrics:
     def queued(self, model: str, seconds: float) -> None:
         """A request got its slot after waiting `seconds`."""
         self._queue_wait_of(model).observe(seconds)
+
+    def mapped(self, pattern: str, model: str) -> None:
+        """A request's model name matched `pattern` and went to `model`."""
+        self._mapped.labels(pattern, model).inc()
 
     def rejected(self, reason: str) -> None:
         """A request was refused before admission (queue_full...)."""

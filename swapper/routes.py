@@ -36,11 +36,12 @@ def parts():
     return current_app.extensions["swapper"]
 
 
-def resolve(name: str | None) -> ModelSpec:
+def resolve(name: str | None, **resident) -> ModelSpec:
     """The registry model named (id or alias; None: the default), else a 404
-    naming the known ones."""
+    naming the known ones. With `resident=` (a request's `model`), names that
+    the registry's model_patterns map (agents' tier names) resolve too."""
     sw = parts()
-    spec = sw.registry.resolve(name)
+    spec = sw.registry.resolve(name, **resident)
     if spec is None:
         known = ", ".join(f"{m.id}" + (f" ({', '.join(m.aliases)})" if m.aliases else "")
                           for m in sw.registry)
@@ -216,7 +217,11 @@ def v1(path: str):
         return Response(status=204, headers={"Allow": ", ".join(allowed)})
     body = request.get_data(cache=False)
     parsed = intake.parse_v1(path, method, body)
-    spec = resolve(intake.target_model(parsed, method, path, sw.scheduler.model))
+    resident = sw.scheduler.model
+    name = intake.target_model(parsed, method, path, resident)
+    spec = resolve(name, resident=resident)
+    if name is not None and name != spec.id and (p := sw.registry.mapping(name)):
+        sw.metrics.mapped(p.match, spec.id)
     intake.require_vision(spec.id, spec.vision, parsed.route, parsed.payload)
     payload = parsed.payload
     target = "v1/" + guard.raw_tail(request.environ, 1)

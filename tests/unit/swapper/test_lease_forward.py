@@ -218,3 +218,20 @@ def test_a_backend_answering_garbage_is_a_502_envelope_sent_once_and_frees_the_s
         assert settled(app)["in_flight"] == 0
     finally:
         srv.close()
+
+
+def test_an_agents_tier_name_goes_to_the_resident_model_without_a_swap(chat):
+    """Claude Code's background calls name its haiku tier; Codex its gpt-5 names:
+    the resident model answers them (no 404, no swap), counted by pattern."""
+    chat.script(Reply("resident"), Reply("haiku"), Reply("codex"))
+    app, runtime = make_app({"tiny-a": chat.url, "tiny-b": chat.url})
+    c = app.test_client()
+    assert ask(c, "tiny-a").status_code == 200
+    for name in ("claude-haiku-4-5-20251001", "gpt-5.1-codex"):
+        r = ask(c, name)
+        assert r.status_code == 200, r.data
+    assert [x for x in runtime.calls if x[0] == "start"] == [("start", "tiny-a")]
+    assert [b["model"] for b in chat.requests] == ["tiny-a"] * 3   # the id, not the tier
+    text = c.get("/metrics").data.decode()
+    assert 'swapper_models_mapped_total{model="tiny-a",pattern="claude-*"} 1.0' in text
+    assert c.post("/load/claude-haiku-4-5").status_code == 404     # operators' names: strict
