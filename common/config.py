@@ -1,7 +1,7 @@
 """Settings read one way, for both services.
 
 A service's settings are a frozen dataclass; each field is one environment
-variable (its name is the field's, or `setting(env=...)`), typed by the field's
+variable spelled as the field, typed by the field's
 annotation (str, int, float, bool, `str | None`). `load(cls, env)` reads them
 strictly: an empty or missing variable means the default; anything else must
 parse as the field's type and pass its bounds, or ConfigError names the variable
@@ -27,20 +27,16 @@ class ConfigError(ValueError):
     """A setting has a value its service cannot run with; the message names it."""
 
 
-def setting(default: Any, *, env: str | None = None, min: float | None = None,  # noqa: A002
+def setting(default: Any, *, min: float | None = None,  # noqa: A002
             max: float | None = None, choices: tuple[str, ...] | None = None,  # noqa: A002
             url: bool = False, read: bool = True, repr: bool = True):  # noqa: A002
-    """A dataclass field read from `env` (default: the field's name); `read=False`:
-    not an environment variable (only set by the service's own loader)."""
-    meta = {"env": env, "min": min, "max": max, "choices": choices, "url": url, "read": read}
+    """A dataclass field read from the variable of its name; `read=False`: not an
+    environment variable (only set by the service's own loader)."""
+    meta = {"min": min, "max": max, "choices": choices, "url": url, "read": read}
     if isinstance(default, (dict, list)):
         return dataclasses.field(default_factory=lambda: type(default)(default),
                                  metadata=meta, repr=repr)
     return dataclasses.field(default=default, metadata=meta, repr=repr)
-
-
-def env_name(f: dataclasses.Field) -> str:
-    return f.metadata.get("env") or f.name
 
 
 def load(cls: type[T], environ: Mapping[str, str] | None = None, /, **overrides) -> T:
@@ -57,7 +53,7 @@ def load(cls: type[T], environ: Mapping[str, str] | None = None, /, **overrides)
             continue
         if not f.metadata.get("read", True):
             continue
-        name = env_name(f)
+        name = f.name
         raw = env.get(name)
         if raw is not None and raw.strip() != "":
             values[f.name] = parse(name, raw, hints[f.name], f.metadata)

@@ -15,16 +15,16 @@ def validate_registry(settings: Settings) -> int:
     """0 when the registry and the settings naming its models are valid; else
     1 (registry) or 2 (a setting), with the reason on stderr."""
     try:
-        registry = Registry.load(settings.backends_dir, settings.env, settings.default_model)
+        registry = Registry.load(settings.BACKENDS_DIR, settings.env, settings.DEFAULT_MODEL)
     except RegistryError as e:
         print(f"invalid registry: {e}", file=sys.stderr)
         return 1
-    for var, name in (("PRELOAD", settings.preload), ("IDLE_MODEL", settings.idle_model)):
+    for var, name in (("PRELOAD", settings.PRELOAD), ("IDLE_MODEL", settings.IDLE_MODEL)):
         if name and registry.resolve(name) is None:
             print(f"invalid configuration: {var}={name!r} is not a model of the registry "
                   f"({', '.join(m.id for m in registry)})", file=sys.stderr)
             return 2
-    print(f"registry {settings.backends_dir}: {len(registry)} model(s), default {registry.default}")
+    print(f"registry {settings.BACKENDS_DIR}: {len(registry)} model(s), default {registry.default}")
     for m in registry:
         where = f"GPU {','.join(m.gpus)}" if m.gpus else "CPU"
         aliases = f" aliases: {', '.join(m.aliases)}" if m.aliases else ""
@@ -64,14 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         # `docker compose down` / Ctrl-C: leave nothing running, nothing holding the GPU.
         from .runtime import DockerRuntime
         try:
-            n = DockerRuntime(settings, Registry.load(settings.backends_dir, settings.env)).remove_all()
+            n = DockerRuntime(settings, Registry.load(settings.BACKENDS_DIR, settings.env)).remove_all()
             print(f"swapper exit: removed {n} backend container(s)", file=sys.stderr)
         except Exception as e:
             print(f"swapper exit: could not remove backends: {e}", file=sys.stderr)
 
     # Its only client is the proxy next door: a short keep-alive lets
     # `docker compose down` finish (and remove the backend) promptly.
-    serve(factory, settings.host, settings.port, workers=1, name="coding-stack-swapper",
+    serve(factory, settings.SWAPPER_HOST, settings.SWAPPER_PORT, workers=1, name="coding-stack-swapper",
           keepalive=5, on_exit=on_exit)
     return 0
 

@@ -39,9 +39,9 @@ class Parts:
 
 
 def build(settings: Settings, runtime: Runtime | None = None) -> Parts:
-    registry = Registry.load(settings.backends_dir, settings.env, settings.default_model)
-    scheduler = Scheduler(lambda m: registry.models[m].slots, max_queue=settings.max_queue,
-                          backoff_base=settings.backoff_base, backoff_max=settings.backoff_max)
+    registry = Registry.load(settings.BACKENDS_DIR, settings.env, settings.DEFAULT_MODEL)
+    scheduler = Scheduler(lambda m: registry.models[m].slots, max_queue=settings.MAX_QUEUE,
+                          backoff_base=settings.CRASH_BACKOFF, backoff_max=settings.CRASH_BACKOFF_MAX)
     runtime = runtime or DockerRuntime(settings, registry)
     metrics = SwapperMetrics(scheduler.snapshot)
     events = EventHub()

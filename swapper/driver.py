@@ -60,8 +60,8 @@ class Driver:
         self.last_load_seconds: float | None = None
         self.adopted = False          # containers of an earlier run looked at
         # PRELOAD and IDLE_MODEL as registry ids (validated at start-up).
-        self._preload = _model_id(registry, settings.preload)
-        self._resting = _model_id(registry, settings.idle_model)
+        self._preload = _model_id(registry, settings.PRELOAD)
+        self._resting = _model_id(registry, settings.IDLE_MODEL)
         self._sleep = sleep
         self._clock = clock
         self._spawn = spawn           # (fn, *args) -> something to join(): a helper thread
@@ -79,7 +79,7 @@ class Driver:
 
     def run(self) -> None:
         while True:
-            self.step(self.settings.watch_interval)
+            self.step(self.settings.WATCH_INTERVAL)
 
     def step(self, timeout: float | None) -> None:
         """One turn: adopt if not done yet, then perform the next action or watch."""
@@ -105,7 +105,7 @@ class Driver:
         try:
             adopted = self.runtime.adopt()
         except DockerUnavailable as e:
-            log.warning("%s; looking again in %g s", e, self.settings.watch_interval)
+            log.warning("%s; looking again in %g s", e, self.settings.WATCH_INTERVAL)
             return
         self.adopted = True
         if adopted is not None:
@@ -257,7 +257,7 @@ class Driver:
             try:
                 deaths = self.runtime.deaths()
             except Exception:            # the engine is down: the watch polls
-                self._sleep(self.settings.watch_interval)
+                self._sleep(self.settings.WATCH_INTERVAL)
                 continue
             self.following = True
             try:
@@ -274,7 +274,7 @@ class Driver:
             self.following = False
             log.warning("Docker's event stream broke (%s): polling the backend until it is "
                         "back", why)
-            self._sleep(self.settings.watch_interval)
+            self._sleep(self.settings.WATCH_INTERVAL)
 
     def _watch(self) -> None:
         snap = self.scheduler.snapshot()

@@ -69,7 +69,7 @@ class Forwarder:
                         body: bytes | None, environ: dict):
         answer = None
         try:
-            interval = self.settings.keepalive_interval
+            interval = self.settings.KEEPALIVE_INTERVAL
             admission, scheduler = self.admission, self.admission.scheduler
             yield comment(waiting_for(scheduler.snapshot(), lease.model))
             while not admission.wait(lease, environ, timeout=interval):
@@ -131,7 +131,7 @@ class Forwarder:
     def _send(self, method: str, url: str, body, headers: dict, fresh: bool) -> requests.Response:
         # fresh: a new connection, closed after this answer (the pooled one may be stale).
         return self.client.request(method, url, headers=headers, body=body,
-                                   timeout=(self.settings.connect_timeout, None), fresh=fresh)
+                                   timeout=(self.settings.CONNECT_TIMEOUT, None), fresh=fresh)
 
 
 class LeasedBody:

@@ -57,13 +57,13 @@ def host_dir(settings, client, container_id: str | None = None) -> str:
     cid = container_id or own_container_id()
     if cid:
         try:
-            found = from_container(client.api.inspect_container(cid), settings.backends_dir)
+            found = from_container(client.api.inspect_container(cid), settings.BACKENDS_DIR)
         except Exception as e:  # noqa: BLE001 - not fatal: fall back, say so
             log.warning("cannot inspect the swapper's own container %s (%s); relative volume "
-                        "paths resolve against %s (set HOST_DIR)", cid[:12], e, settings.host_dir)
+                        "paths resolve against %s (set HOST_DIR)", cid[:12], e, settings.HOST_DIR)
             found = None
         if found:
             log.info("relative volume paths of backends/ resolve against %s "
                      "(the compose project folder)", found)
             return found
-    return settings.host_dir or str(Path(__file__).resolve().parent.parent)
+    return settings.HOST_DIR or str(Path(__file__).resolve().parent.parent)

@@ -85,7 +85,7 @@ def running():
     snap["backend"] = {"container": backend.name, "url": backend.url} if backend else None
     snap["slots"] = spec.slots if spec else None
     snap["last_load_seconds"] = sw.driver.last_load_seconds
-    snap["published"] = f"{sw.settings.publish_bind}:{sw.settings.publish_port}"
+    snap["published"] = f"{sw.settings.BACKEND_BIND}:{sw.settings.BACKEND_PUBLISH_PORT}"
     return jsonify(snap)
 
 
@@ -111,7 +111,7 @@ def events():
     snap = sw.scheduler.snapshot()
     state = {"model": snap["model"], "state": snap["state"],
              "models": {m.id: sw.scheduler.model_status(m.id) for m in sw.registry}}
-    return Response(sw.events.stream(state, sw.settings.keepalive_interval),
+    return Response(sw.events.stream(state, sw.settings.KEEPALIVE_INTERVAL),
                     mimetype="text/event-stream", headers=NO_BUFFERING)
 
 
@@ -188,7 +188,7 @@ def _health_status(lease: Lease, spec: ModelSpec) -> int | None:
     fw = parts().forwarder
     try:
         r = fw.client.request("GET", fw.url(lease, spec.health_path, ""),
-                              timeout=(fw.settings.connect_timeout, 10))
+                              timeout=(fw.settings.CONNECT_TIMEOUT, 10))
         r.close()
         return r.status_code
     except Exception:  # noqa: BLE001 - reported as null, the load itself succeeded
@@ -228,7 +228,7 @@ def v1(path: str):
     stream = payload is not None and payload.get("stream") is True
     headers = request.headers
     if payload is not None:
-        n = requested_n(payload, sw.settings.max_n) if f"v1/{path}" in FANOUT_PATHS else 1
+        n = requested_n(payload, sw.settings.MAX_N) if f"v1/{path}" in FANOUT_PATHS else 1
         if payload.get("model") != spec.id:
             # Backends know the model by its id (vLLM: --served-model-name).
             payload["model"] = spec.id

@@ -91,7 +91,7 @@ def _docker_cause(model: ModelSpec, err: Exception, settings: Settings) -> str:
         return (f"it needs GPU(s) {', '.join(model.gpus)} but this Docker engine has no GPU "
                 f"runtime (install the NVIDIA Container Toolkit and restart Docker): {text}")
     if "port is already allocated" in low or "address already in use" in low:
-        return (f"host port {settings.publish_bind}:{settings.publish_port} is already in use "
+        return (f"host port {settings.BACKEND_BIND}:{settings.BACKEND_PUBLISH_PORT} is already in use "
                 f"by another process (set BACKEND_PUBLISH_PORT): {text}")
     if "no such image" in low or "pull access denied" in low or "manifest unknown" in low:
         return f"image '{model.image}' is not available: {text}"
@@ -165,17 +165,17 @@ class DockerRuntime:
     # ----------------------------------------------------------------- naming
     @property
     def labels_filter(self) -> dict:
-        return {"label": f"{LABEL_STACK}={self.settings.stack_name}"}
+        return {"label": f"{LABEL_STACK}={self.settings.STACK_NAME}"}
 
     def container_name(self, model_id: str) -> str:
         """A fresh name for a container of the model: the next one is created
         while the last one (maybe of the same model) still exists."""
-        return f"{self.settings.stack_name}-backend-{model_id}-{secrets.token_hex(3)}"
+        return f"{self.settings.STACK_NAME}-backend-{model_id}-{secrets.token_hex(3)}"
 
     def _url(self, spec: ModelSpec, name: str) -> str:
-        if self.settings.docker_network:
+        if self.settings.DOCKER_NETWORK:
             return f"http://{name}:{spec.port}"
-        return f"http://{self.settings.backend_host}:{self.settings.publish_port}"
+        return f"http://{self.settings.BACKEND_HOST}:{self.settings.BACKEND_PUBLISH_PORT}"
 
     # ---------------------------------------------------------------- inspect
     def ping(self) -> bool:
@@ -238,7 +238,7 @@ class DockerRuntime:
     def _tail(self, container_id: str, tail: int | None = None) -> str:
         try:
             with _engine():
-                out = self.client.api.logs(container_id, tail=tail or self.settings.log_tail)
+                out = self.client.api.logs(container_id, tail=tail or self.settings.LOG_TAIL)
             return out.decode("utf-8", "replace")
         except Exception:           # logs are a courtesy: never fail over them
             return ""
@@ -334,10 +334,10 @@ class DockerRuntime:
             "image": spec.image,
             "command": list(spec.args),
             "name": name,
-            "labels": {LABEL_STACK: s.stack_name, LABEL_MODEL: spec.id, LABEL_ROLE: "backend"},
+            "labels": {LABEL_STACK: s.STACK_NAME, LABEL_MODEL: spec.id, LABEL_ROLE: "backend"},
             "environment": dict(spec.env),
             "volumes": [self._volume(v) for v in spec.volumes],
-            "ports": {f"{spec.port}/tcp": (s.publish_bind, s.publish_port)},
+            "ports": {f"{spec.port}/tcp": (s.BACKEND_BIND, s.BACKEND_PUBLISH_PORT)},
         }
         if spec.healthcheck:
             args["healthcheck"] = {
@@ -354,8 +354,8 @@ class DockerRuntime:
             args["device_requests"] = [req]
         if spec.user:
             args["user"] = spec.user
-        if s.docker_network:
-            args["network"] = s.docker_network
+        if s.DOCKER_NETWORK:
+            args["network"] = s.DOCKER_NETWORK
         if spec.shm_size:
             args["shm_size"] = spec.shm_size
         if spec.ipc_mode:
@@ -384,7 +384,7 @@ class DockerRuntime:
     def _ensure_image(self, spec: ModelSpec) -> None:
         if self._has_image(spec):
             return
-        if not self.settings.pull_images:
+        if not self.settings.PULL_IMAGES:
             raise BackendError(spec.id, f"image '{spec.image}' is not present and PULL_IMAGES=0")
         repo, tag = docker.utils.parse_repository_tag(spec.image)
         log.info("model %s: pulling image %s (once)", spec.id, spec.image)
@@ -438,7 +438,7 @@ class DockerRuntime:
                     f"({url} never answered 200)", self._tail(backend.container_id),
                     kind="load_timeout")
             fast = time.monotonic() - started < FAST_POLL_SECONDS
-            time.sleep(s.health_interval if fast else max(s.health_interval, SLOW_POLL_INTERVAL))
+            time.sleep(s.HEALTH_INTERVAL if fast else max(s.HEALTH_INTERVAL, SLOW_POLL_INTERVAL))
 
     # ------------------------------------------------------------------- stop
     def stop(self, backend_or_model: Backend | str, timeout: float | None = None) -> list[str]:

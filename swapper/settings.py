@@ -1,5 +1,6 @@
 """Every environment variable the swapper reads, typed, with its default
-(read by common.config: a bad value stops the swapper at start, naming the variable)."""
+(read by common.config: a bad value stops the swapper at start, naming the
+variable). Each setting is spelled as its variable, as in the proxy's."""
 from __future__ import annotations
 
 import os
@@ -15,34 +16,34 @@ _REPO_BACKENDS = Path(__file__).resolve().parent.parent / "backends"
 
 @dataclass(frozen=True)
 class Settings:
-    host: str = setting("0.0.0.0", env="SWAPPER_HOST")
-    port: int = setting(9000, env="SWAPPER_PORT", **PORT)
-    backends_dir: str = setting(str(_REPO_BACKENDS), env="BACKENDS_DIR")
-    default_model: str | None = setting(None, env="DEFAULT_MODEL")
-    stack_name: str = setting("coding-stack", env="STACK_NAME")
-    max_queue: int = setting(64, env="MAX_QUEUE", min=1)
+    SWAPPER_HOST: str = setting("0.0.0.0")
+    SWAPPER_PORT: int = setting(9000, **PORT)
+    BACKENDS_DIR: str = setting(str(_REPO_BACKENDS))
+    DEFAULT_MODEL: str | None = setting(None)
+    STACK_NAME: str = setting("coding-stack")
+    MAX_QUEUE: int = setting(64, min=1)
     # Where the backend's internal port is published on the host (direct access).
-    publish_port: int = setting(18080, env="BACKEND_PUBLISH_PORT", **PORT)
-    publish_bind: str = setting("127.0.0.1", env="BACKEND_BIND")
+    BACKEND_PUBLISH_PORT: int = setting(18080, **PORT)
+    BACKEND_BIND: str = setting("127.0.0.1")
     # The stack's Docker network. Set (compose does): the swapper reaches the
-    # backend by container name. Unset: through the published port on backend_host.
-    docker_network: str | None = setting(None, env="DOCKER_NETWORK")
-    backend_host: str = setting("127.0.0.1", env="BACKEND_HOST")
+    # backend by container name. Unset: through the published port on BACKEND_HOST.
+    DOCKER_NETWORK: str | None = setting(None)
+    BACKEND_HOST: str = setting("127.0.0.1")
     # Host folder that relative volume paths in backends/ are resolved against
     # (the Docker daemon needs host paths, also when the swapper runs in a container).
-    host_dir: str = setting(str(_REPO_BACKENDS.parent), env="HOST_DIR")
-    connect_timeout: float = setting(10.0, env="CONNECT_TIMEOUT", min=0.001)
-    health_interval: float = setting(0.01, env="HEALTH_INTERVAL", min=0.001)
-    watch_interval: float = setting(1.0, env="WATCH_INTERVAL", min=0.01)
-    backoff_base: float = setting(2.0, env="CRASH_BACKOFF", min=0)
-    backoff_max: float = setting(60.0, env="CRASH_BACKOFF_MAX", min=0)
-    pull_images: bool = setting(True, env="PULL_IMAGES")
-    log_tail: int = setting(40, env="LOG_TAIL", min=0)
-    max_n: int = setting(8, env="MAX_N", min=1)
+    HOST_DIR: str = setting(str(_REPO_BACKENDS.parent))
+    CONNECT_TIMEOUT: float = setting(10.0, min=0.001)
+    HEALTH_INTERVAL: float = setting(0.01, min=0.001)
+    WATCH_INTERVAL: float = setting(1.0, min=0.01)
+    CRASH_BACKOFF: float = setting(2.0, min=0)
+    CRASH_BACKOFF_MAX: float = setting(60.0, min=0)
+    PULL_IMAGES: bool = setting(True)
+    LOG_TAIL: int = setting(40, min=0)
+    MAX_N: int = setting(8, min=1)
     # SSE comment interval while a streamed request waits (load, swap, queue).
-    keepalive_interval: float = setting(5.0, env="KEEPALIVE_INTERVAL", min=0.05)
-    preload: str | None = setting(None, env="PRELOAD")         # loaded when the swapper starts
-    idle_model: str | None = setting(None, env="IDLE_MODEL")   # swapped back in after an idle_ttl
+    KEEPALIVE_INTERVAL: float = setting(5.0, min=0.05)
+    PRELOAD: str | None = setting(None)         # loaded when the swapper starts
+    IDLE_MODEL: str | None = setting(None)   # swapped back in after an idle_ttl
     # The whole environment: backends/ interpolates ${VAR:-default} from it.
     env: Mapping[str, str] = setting({}, read=False, repr=False)
 

@@ -121,8 +121,7 @@ def test_every_variable_the_code_reads_is_documented():
     proxy_doc = set(tables["Proxy"]) | set(tables["Fixed by compose"]) | {"PROXY_PORT"}
     missing = {f for f in ProxySettings.__dataclass_fields__} - proxy_doc
     assert not missing, f"the proxy reads {sorted(missing)}: document them (README, .env.example)"
-    from common.config import env_name
-    read = {env_name(f) for f in dataclasses.fields(SwapperSettings) if f.metadata.get("read")}
+    read = {f.name for f in dataclasses.fields(SwapperSettings) if f.metadata.get("read")}
     assert read, "the swapper's settings changed shape: adapt this test"
     swapper_doc = set(tables["Swapper"]) | set(tables["Fixed by compose"])
     missing = read - swapper_doc

@@ -407,7 +407,7 @@ def direct_cold_start(dclient, model_id: str, env: dict) -> tuple[float, float]:
     settings = SwapperSettings.from_env({**env, "STACK_NAME": stack,
                                          "BACKEND_PUBLISH_PORT": str(port),
                                          "BACKENDS_DIR": str(PERF_BACKENDS)})
-    registry = Registry.load(settings.backends_dir, settings.env)
+    registry = Registry.load(settings.BACKENDS_DIR, settings.env)
     rt = DockerRuntime(settings, registry, dclient)
     spec = registry.models[model_id]
     url = f"http://127.0.0.1:{port}"

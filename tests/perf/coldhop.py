@@ -112,7 +112,7 @@ def swapper_app():
     env = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
            "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
            "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
-    app = create_app(Settings(backends_dir=str(FIXTURE_BACKENDS), env=env, watch_interval=5),
+    app = create_app(Settings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=env, WATCH_INTERVAL=5),
                      runtime=FakeRuntime({"tiny-b": "http://127.0.0.1:1"}))
     app.extensions["swapper"].forwarder.client = StubClient()
     assert app.test_client().post("/load/tiny-b").status_code == 200

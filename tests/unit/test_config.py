@@ -19,8 +19,8 @@ def test_swapper_reads_its_variable_names():
     s = SwapperSettings.from_env({"SWAPPER_PORT": "9100", "PULL_IMAGES": "false",
                                   "DOCKER_NETWORK": "", "DEFAULT_MODEL": "m", "CRASH_BACKOFF": "0.5",
                                   "OTHER": "x"})
-    assert s.port == 9100 and s.pull_images is False and s.backoff_base == 0.5
-    assert s.docker_network is None and s.default_model == "m"
+    assert s.SWAPPER_PORT == 9100 and s.PULL_IMAGES is False and s.CRASH_BACKOFF == 0.5
+    assert s.DOCKER_NETWORK is None and s.DEFAULT_MODEL == "m"
     assert s.env["OTHER"] == "x"          # backends/ interpolates from the whole environment
 
 

@@ -63,7 +63,7 @@ def test_host_dir_set_is_used_as_is_and_empty_means_derived():
 
 def test_outside_a_container_or_unreadable_falls_back_to_the_default():
     s = settings(HOST_DIR="")
-    default = Settings().host_dir
+    default = Settings().HOST_DIR
     assert hostdir.host_dir(s, client(error=RuntimeError("no such container")), CID) == default
     assert hostdir.host_dir(s, client(attrs={}), CID) == default
     assert hostdir.host_dir(settings(HOST_DIR="/x"), client()) == "/x"

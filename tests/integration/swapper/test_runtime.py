@@ -22,7 +22,7 @@ def rt(docker_client):
            "BACKEND_PUBLISH_PORT": str(free_port()), "BACKEND_BIND": "127.0.0.1",
            "BACKENDS_DIR": str(FIXTURE_BACKENDS)}
     settings = Settings.from_env(env)
-    runtime = DockerRuntime(settings, Registry.load(settings.backends_dir, settings.env),
+    runtime = DockerRuntime(settings, Registry.load(settings.BACKENDS_DIR, settings.env),
                             docker_client)
     yield runtime
     assert reap(docker_client, stack) == 0, "a container was left behind"
@@ -49,7 +49,7 @@ def test_prepare_next_to_a_running_backend_then_start_after_its_stop(rt, docker_
     rt.remove(a.container_id)
     rt.remove(again.container_id)
     rt.remove(a.container_id)                     # already gone: fine
-    assert [c.id for c in stack_containers(docker_client, rt.settings.stack_name)] == [
+    assert [c.id for c in stack_containers(docker_client, rt.settings.STACK_NAME)] == [
         b.container_id]
     assert rt.remove_all(keep=[b.container_id]) == 0
     assert rt.remove_all() == 1
@@ -61,7 +61,7 @@ def test_start_removes_any_other_running_backend_first(rt, docker_client):
     a = rt.start(models["tiny-a"])
     b = rt.start(models["tiny-b"], prepared=rt.prepare(models["tiny-b"]))
     assert healthy(b)
-    assert [c.id for c in stack_containers(docker_client, rt.settings.stack_name)] == [
+    assert [c.id for c in stack_containers(docker_client, rt.settings.STACK_NAME)] == [
         b.container_id]
     assert rt.state(a) == (False, "its container is gone")
     assert rt.remove_all() == 1
@@ -72,4 +72,4 @@ def test_nothing_is_prepared_for_an_image_that_must_be_pulled_first(rt, docker_c
     progress), not to the stop of the model before."""
     spec = dataclasses.replace(rt.registry.models["tiny-a"], image="coding-stack-test/absent:0")
     assert rt.prepare(spec) is None
-    assert stack_containers(docker_client, rt.settings.stack_name) == []
+    assert stack_containers(docker_client, rt.settings.STACK_NAME) == []

@@ -39,8 +39,8 @@ def chat():
 
 def make_app(urls: dict, runtime: FakeRuntime | None = None):
     runtime = runtime or FakeRuntime(urls)
-    settings = Settings(backends_dir=str(FIXTURE_BACKENDS), env=ENV, watch_interval=0.05,
-                        backoff_base=0.01)
+    settings = Settings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=ENV, WATCH_INTERVAL=0.05,
+                        CRASH_BACKOFF=0.01)
     app = create_app(settings, runtime=runtime)
     return app, runtime
 

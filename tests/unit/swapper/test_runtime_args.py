@@ -22,8 +22,8 @@ def spec(**kw) -> ModelSpec:
 
 
 def runtime(**settings) -> DockerRuntime:
-    s = Settings(stack_name="st", host_dir="/srv/stack", publish_port=18080,
-                 publish_bind="127.0.0.1", **settings)
+    s = Settings(STACK_NAME="st", HOST_DIR="/srv/stack", BACKEND_PUBLISH_PORT=18080,
+                 BACKEND_BIND="127.0.0.1", **settings)
     return DockerRuntime(s, SimpleNamespace(models={}))
 
 
@@ -56,7 +56,7 @@ def test_relative_volumes_resolve_against_host_dir_and_named_volumes_stay():
 
 
 def test_network_shm_ipc_and_healthcheck():
-    args = runtime(docker_network="stacknet")._create_args(
+    args = runtime(DOCKER_NETWORK="stacknet")._create_args(
         spec(shm_size="8g", ipc_mode="host", healthcheck=("CMD", "curl", "-f", "x")), "n")
     assert args["network"] == "stacknet"
     assert (args["shm_size"], args["ipc_mode"]) == ("8g", "host")
