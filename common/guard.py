@@ -24,6 +24,7 @@ import re
 from urllib.parse import unquote, urlsplit
 
 import orjson
+from werkzeug.routing import PathConverter
 
 from .errors import ApiError, error_response, too_large
 
@@ -61,14 +62,41 @@ def raw_path(environ: dict) -> str:
     return environ.get("PATH_INFO", "")
 
 
-def raw_tail(environ: dict, skip: int) -> str:
-    """The raw request path (still percent-encoded, as the client sent it) less
-    its first `skip` segments: what a route forwards, so that nothing decoded is
-    ever written into the next request line. `/upstream/m/a%20b`, skip 2:
-    `a%20b`. Segments match the routed (decoded) path one to one: the guard
-    refuses encoded slashes."""
-    parts = raw_path(environ).split("/", skip + 1)
-    return parts[skip + 1] if len(parts) > skip + 1 else ""
+# What may be written into the next request line: printable ASCII, percent
+# escapes as they came (never decoded), no fragment.
+_TARGET = re.compile(r"/[!-\"$-~]*")
+
+
+def raw_target(environ: dict) -> str:
+    """The request target as the client sent it, still percent-encoded (path and
+    query): what a route forwards, so that nothing decoded is ever written into
+    the next request line. ApiError(400) when it could not be written there as
+    it is (raw non-ASCII, a space, a control byte, a fragment)."""
+    target = environ.get("RAW_URI") or environ.get("REQUEST_URI") or ""
+    if "://" in target and not target.startswith("/"):      # absolute-form
+        u = urlsplit(target)
+        target = u.path + ("?" + u.query if u.query else "")
+    if not target:
+        target = environ.get("PATH_INFO", "") or "/"
+    if not _TARGET.fullmatch(target):
+        raise ApiError("invalid request target: only printable ASCII (percent-encode the "
+                       "rest), no '#'", 400, code="invalid_path")
+    return target
+
+
+def raw_tail(environ: dict, skip: int) -> tuple[str, str]:
+    """The raw target's path less its first `skip` segments, and its query:
+    `/upstream/m/a%20b?x`, skip 2: (`a%20b`, `x`). Segments match the routed
+    (decoded) path one to one: the guard refuses encoded slashes."""
+    path, _, query = raw_target(environ).partition("?")
+    parts = path.split("/", skip + 1)
+    return (parts[skip + 1] if len(parts) > skip + 1 else ""), query
+
+
+class Rest(PathConverter):
+    """The rest of a forwarded path, whatever it decodes to (werkzeug's `path`
+    stops at a decoded line break): what is forwarded is the raw target."""
+    regex = "[^/][\\s\\S]*?"
 
 
 _SLASHES = re.compile(r"//+")
@@ -115,11 +143,13 @@ def _read_at_most(stream, n: int) -> bytes:
 
 def harden(app) -> None:
     """Install the request guard (holding chunked bodies to the app's
-    MAX_CONTENT_LENGTH) and turn off the router's redirects on a Flask app."""
+    MAX_CONTENT_LENGTH), turn off the router's redirects and add the `rest`
+    converter on a Flask app."""
     m = app.url_map
     m.strict_slashes = False        # '/x/' and '/x' both match, no redirect
     m.merge_slashes = False         # the guard collapsed them already
     m.redirect_defaults = False
+    m.converters["rest"] = Rest     # <rest:x>: what a route forwards, raw (raw_target)
     app.wsgi_app = RequestGuard(app.wsgi_app, app.config.get("MAX_CONTENT_LENGTH"))
 
 

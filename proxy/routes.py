@@ -3,13 +3,9 @@
 `current_app.extensions["proxy"]` (create_app puts them there)."""
 from __future__ import annotations
 
-import re
-from urllib.parse import urlsplit
-
 from flask import Blueprint, current_app, request
-from werkzeug.routing import PathConverter
 
-from common.errors import ApiError
+from common import guard
 from common.failures import reason
 from common.streaming import forward_headers, relay
 
@@ -78,39 +74,9 @@ def responses():
 
 # ------------------------------------------------------------ pass-through
 
-# What may be written into the next request line: printable ASCII, percent
-# escapes as they came (never decoded), no fragment.
-_TARGET = re.compile(r"/[!-\"$-~]*")
-
-
-def raw_target() -> str:
-    """The request target as the client sent it, still percent-encoded (path and
-    query); ApiError(400) when it could not be written into a request line as is."""
-    env = request.environ
-    target = env.get("RAW_URI") or env.get("REQUEST_URI") or ""
-    if "://" in target and not target.startswith("/"):   # absolute-form
-        u = urlsplit(target)
-        target = u.path + ("?" + u.query if u.query else "")
-    if not _TARGET.fullmatch(target):
-        raise ApiError("invalid request target: only printable ASCII (percent-encode the "
-                       "rest), no '#'", 400, code="invalid_path")
-    return target
-
-
-class Rest(PathConverter):
-    """The rest of a forwarded path, whatever it decodes to (werkzeug's `path`
-    stops at a decoded line break): what is forwarded is the raw target."""
-    regex = "[^/][\\s\\S]*?"
-
-
-@bp.record_once
-def _converter(state) -> None:
-    state.app.url_map.converters["rest"] = Rest
-
-
 @bp.route("/v1/<rest:rest>", methods=ALL_METHODS)
 def passthrough(rest=None):
-    target = raw_target()
+    target = guard.raw_target(request.environ)
     if target.startswith(dialects.MESSAGES_PATHS[1]):      # anthropic SDK, base_url=.../v1
         target = target[3:]
     path, _, query = target.partition("?")

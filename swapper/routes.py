@@ -197,15 +197,15 @@ def _health_status(lease: Lease, spec: ModelSpec) -> int | None:
 
 # ----------------------------------------------------------------- traffic
 @traffic.route("/upstream/<name>", defaults={"path": ""}, methods=TRAFFIC_METHODS)
-@traffic.route("/upstream/<name>/<path:path>", methods=TRAFFIC_METHODS)
+@traffic.route("/upstream/<name>/<rest:path>", methods=TRAFFIC_METHODS)
 def upstream(name: str, path: str):
     """Anything on a model's backend, as sent: /upstream/<model>/<target>."""
     spec = resolve(name)
-    return _pass_through(spec, guard.raw_tail(request.environ, 2),
+    return _pass_through(spec, *guard.raw_tail(request.environ, 2),
                          request.get_data(cache=False))
 
 
-@traffic.route("/v1/<path:path>", methods=TRAFFIC_METHODS)
+@traffic.route("/v1/<rest:path>", methods=TRAFFIC_METHODS)
 def v1(path: str):
     """A /v1/<path> request answered: by the backend (or n of its answers)."""
     sw = parts()
@@ -224,7 +224,8 @@ def v1(path: str):
         sw.metrics.mapped(p.match, spec.id)
     intake.require_vision(spec.id, spec.vision, parsed.route, parsed.payload)
     payload = parsed.payload
-    target = "v1/" + guard.raw_tail(request.environ, 1)
+    tail, query = guard.raw_tail(request.environ, 1)
+    target = "v1/" + tail
     stream = payload is not None and payload.get("stream") is True
     headers = request.headers
     if payload is not None:
@@ -234,21 +235,16 @@ def v1(path: str):
             payload["model"] = spec.id
             body = guard.dumps(payload)
         if n > 1 and not serves_natively(spec, n):
-            return sw.fanout.run(spec, target, _query(), headers, payload, n,
+            return sw.fanout.run(spec, target, query, headers, payload, n,
                                  request.environ)
         if request.mimetype != "application/json":
             # A JSON body sent as a form (curl -d): tell the backend what it is.
             headers = {**dict(headers), "Content-Type": "application/json"}
-    return _pass_through(spec, target, body, headers, stream)
+    return _pass_through(spec, target, query, body, headers, stream)
 
 
-def _query() -> str:
-    """The query as the client sent it (WSGI's QUERY_STRING is not decoded)."""
-    return request.environ.get("QUERY_STRING", "")
-
-
-def _pass_through(spec: ModelSpec, target: str, body: bytes, headers=None,
+def _pass_through(spec: ModelSpec, target: str, query: str, body: bytes, headers=None,
                   stream: bool = False):
-    return parts().forwarder.forward(spec.id, request.method, target, _query(),
+    return parts().forwarder.forward(spec.id, request.method, target, query,
                                      request.headers if headers is None else headers,
                                      body or None, request.environ, stream)

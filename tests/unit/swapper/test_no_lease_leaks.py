@@ -23,7 +23,7 @@ class Killed(BaseException):
 POINTS = [
     ("swapper.forward.forward_headers", "all"),
     ("swapper.forward.Forwarder._send", "all"),
-    ("swapper.routes._query", "all"),
+    ("swapper.routes.guard.raw_tail", "all"),
     ("swapper.metrics.SwapperMetrics.queued", "all"),       # once admitted
     ("swapper.forward.answer_headers", "n1"),
     ("swapper.forward.iter_upstream", "n1"),
