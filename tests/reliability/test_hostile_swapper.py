@@ -6,6 +6,7 @@ Content-Type, and no input makes our code answer a 5xx or leave the envelope."""
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 
 import docker
 import pytest
@@ -282,3 +283,43 @@ def test_every_swapper_route_survives_any_request(swapper, docker_client, method
                timeout=30)
     hostile.check(ans, f"{method} {path} ({ctype}) {body[:80]!r}")
     assert containers(docker_client, swapper) == before, "an example started or removed a backend"
+
+
+# A path segment drawn from every character: controls, DEL, non-ASCII, `?`, `#`, `%`,
+# spaces; sent percent-encoded (what a client's library does) or raw where a request
+# line can carry it (printable ASCII and Latin-1 beyond it).
+SEGMENTS = st.text(st.characters(codec="utf-8", exclude_characters="/"), min_size=1,
+                   max_size=10)
+
+
+def encoded(seg: str, raw: bool) -> str:
+    if raw:
+        return "".join(c if " " < c <= "\xff" and c not in "\x7f#?%" else
+                       quote(c, safe="") for c in seg)
+    return quote(seg, safe="")
+
+
+@settings(max_examples=120, deadline=None)
+@given(method=st.sampled_from(["GET", "POST", "DELETE", "HEAD", "OPTIONS"]),
+       route=st.sampled_from(["/upstream/tiny-a/{}", "/upstream/a/{}/x", "/v1/responses/{}",
+                              "/v1/responses/{}/cancel", "/v1/models/{}"]),
+       seg=SEGMENTS, raw=st.booleans(), query=st.none() | SEGMENTS)
+def test_paths_of_any_character_reach_the_backend_and_never_jam_it(swapper, docker_client,
+                                                                   method, route, seg, raw,
+                                                                   query):
+    """The sweep reaches the forwarding code with the real registry and a resident
+    model (issue 20: `%E2%82%AC` jammed the model for good): any path is forwarded
+    still encoded, or refused; nothing is a 5xx of ours; no slot stays taken."""
+    if running(swapper)["model"] != "tiny-a":
+        load(swapper, "tiny-a")
+    target = route.format(encoded(seg, raw)) + ("" if query is None else
+                                                "?" + encoded(query, raw))
+    before = containers(docker_client, swapper)
+    body = b"{}" if method == "POST" else None
+    ans = send(swapper.url, method, target.encode("utf-8").decode("latin-1"),
+               {"Content-Type": "application/json"} if body else {}, body, timeout=60)
+    what = f"{method} {target}"
+    hostile.check(ans, what)
+    snap = running(swapper)
+    assert snap["in_flight"] == 0 and snap["queued"] == 0, f"{what} left {snap}"
+    assert snap["model"] == "tiny-a" and containers(docker_client, swapper) == before
