@@ -13,7 +13,7 @@ from typing import Callable, TypeVar
 
 from greenlet import getcurrent
 
-from .http1 import os_select, waiting
+from .http1 import readable, waiting
 
 T = TypeVar("T")
 
@@ -31,11 +31,11 @@ def client_gone(environ: dict) -> bool:
         return False
     try:
         # Not recv(MSG_DONTWAIT): gevent's socket waits on EAGAIN. A zero-timeout
-        # select says whether a read would return at once; EOF reads as b"".
-        # The OS's own select: gevent's yields to the loop, and this also runs
+        # poll says whether a read would return at once; EOF reads as b"".
+        # The OS's own poll (common.http1.readable): select() fails from
+        # descriptor 1024 up, gevent's yields to the loop, and this also runs
         # in the loop itself (call_watching_client's timer).
-        readable, _, _ = os_select([sock], [], [], 0)
-        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+        return readable(sock) and sock.recv(1, socket.MSG_PEEK) == b""
     except (ValueError, OSError):
         return True
 

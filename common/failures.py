@@ -8,7 +8,9 @@ exception raised by an HTTP call upstream.
     cause                status  code                  when
     client_gone          499     client_closed         the client hung up first
     unreachable          502     upstream_unreachable  connect refused / no route / DNS
-    closed_early         502     upstream_closed       the connection closed before an answer
+    bad_target           400     invalid_path          the path cannot be sent as it is (RFC 3986)
+    bad_header           400     invalid_header        a header field cannot be sent (CR, LF, NUL...)
+    closed_early         502     upstream_closed       the connection closed before any answer byte
     timeout              504     upstream_timeout      connect or read timed out
     upstream_failed      502     upstream_error        any other transport error
     broke_off            502     backend_failed        the answer broke off mid-body
@@ -25,11 +27,14 @@ import http.client
 import requests
 
 from .errors import ApiError
+from .http1 import BadTarget
 
 # cause -> (HTTP status, OpenAI error type, OpenAI error code)
 CAUSES: dict[str, tuple[int, str, str]] = {
     "client_gone": (499, "invalid_request_error", "client_closed"),
     "unreachable": (502, "upstream_error", "upstream_unreachable"),
+    "bad_target": (400, "invalid_request_error", "invalid_path"),
+    "bad_header": (400, "invalid_request_error", "invalid_header"),
     "closed_early": (502, "upstream_error", "upstream_closed"),
     "timeout": (504, "timeout_error", "upstream_timeout"),
     "upstream_failed": (502, "upstream_error", "upstream_error"),
@@ -52,9 +57,14 @@ def status_of(cause: str) -> int:
 
 
 def classify(exc: BaseException) -> str:
-    """The cause of an exception from an upstream HTTP call (requests/urllib3)."""
+    """The cause of an exception from an upstream HTTP call (common.http1, or
+    requests/urllib3)."""
     if isinstance(exc, (requests.exceptions.ConnectTimeout, requests.exceptions.ReadTimeout)):
         return "timeout"
+    if isinstance(exc, BadTarget):
+        return "bad_target"
+    if isinstance(exc, requests.exceptions.InvalidHeader):
+        return "bad_header"
     if isinstance(exc, requests.exceptions.ConnectionError):
         inner = _root(exc)
         if isinstance(inner, (http.client.RemoteDisconnected, ConnectionResetError,
@@ -75,8 +85,11 @@ def classify(exc: BaseException) -> str:
 
 def not_reached(exc: BaseException) -> bool:
     """True when the request cannot have been processed upstream: the
-    connection was refused or closed before any answer (a stale keep-alive
-    connection, a backend that just died). Such a request may be sent again."""
+    connection was refused, or closed before any byte of an answer (a stale
+    keep-alive connection, a backend that just died). Such a request may be
+    sent again. common.http1 raises ConnectionError only then: a connection
+    that ends after an answer began (an interim 1xx, part of a head) is a
+    BadAnswer, and the request is not sent twice."""
     return classify(exc) in ("unreachable", "closed_early") \
         and not isinstance(exc, requests.exceptions.ConnectTimeout)
 

@@ -1,33 +1,43 @@
-"""The hops' own HTTP/1.1 client: proxy -> swapper, swapper -> backend.
+"""The hops' HTTP/1.1 client: proxy -> swapper, swapper -> backend.
 
 Both hops speak plain HTTP/1.1 to servers of ours on a private network (the
 swapper, llama-server, vLLM), so they need none of requests' machinery:
-no TLS, proxies, redirects, cookies, auth or retries (callers decide). Through
-requests + urllib3 + http.client (whose header parser is the email package's)
-a call cost ~240 us of CPU; this costs ~60 (docs/performance.md).
+no TLS, proxies, redirects, cookies, auth or retries (callers decide). h11
+(python-hyper's sans-IO HTTP/1.1) writes each request and parses each answer,
+strictly and within bounds (MAX_HEAD); this module is the pool around it, and
+keeps only our policies.
 
     client = Client(pool_size=128)
     answer = client.request("POST", "http://host:8080/v1/x", headers={...},
                             body=b"...", timeout=(10.0, None))
-    answer.status_code, answer.headers["content-type"]
+    answer.status_code, answer.headers["content-type"], answer.fields
     for piece in answer.iter_content(): ...      # the body as it arrives
     answer.close()
 
 An `Answer` is a `requests.Response` (its content, json(), text, ok work as
 ever); its body is read straight from the socket, one piece per receive, and
-de-chunked here. A connection goes back to its pool only after a complete body
-and only when both sides keep it alive; a pooled connection that the server
-closed meanwhile is noticed before reuse (an OS-level zero-timeout select).
+says how it was framed (`framing`), so what is relayed is derived from that. A
+connection goes back to its pool only after a complete body and only when both
+sides keep it alive; a pooled connection that the server closed meanwhile is
+noticed before reuse (an OS-level zero-timeout poll).
+
+A request target is written as given, still percent-encoded, or refused: one
+with a byte RFC 3986 does not allow there raises BadTarget before anything is
+sent, so nothing decoded ever reaches a request line.
 
 Errors are requests' own, so callers and common.failures keep one tree:
 
     requests.exceptions.ConnectTimeout        the connection was not made in time
     requests.exceptions.ReadTimeout           no answer within the read timeout
     requests.exceptions.ConnectionError       refused, unresolvable, or closed/reset
-                                              before an answer; its argument is the
-                                              OSError or http.client.RemoteDisconnected
-    BadAnswer (a RequestException)            what came back is not HTTP/1.x
-    requests.exceptions.ChunkedEncodingError  the body broke off or its framing is bad
+                                              before any byte of an answer; its
+                                              argument is the OSError or
+                                              http.client.RemoteDisconnected
+    BadTarget (an InvalidURL)                 the request target is not RFC 3986
+    requests.exceptions.InvalidHeader         a header field h11 refuses (CR, LF, NUL...)
+    BadAnswer (a RequestException)            what came back is not valid HTTP/1.1, or
+                                              the connection ended after the answer began
+    BrokenBody (a ChunkedEncodingError)       the body broke off or its framing is bad
 
 While a greenlet waits for an answer's head, its connection is registered in
 `waiting`, so common.disconnect can cut it when the client hangs up.
@@ -35,12 +45,15 @@ While a greenlet waits for an answer's head, its connection is registered in
 from __future__ import annotations
 
 import http.client
+import re
+import select
 import socket
 import threading
 import zlib
 from datetime import timedelta
 from typing import Iterator
 
+import h11
 import requests
 from greenlet import getcurrent
 from requests.structures import CaseInsensitiveDict
@@ -48,12 +61,13 @@ from requests.utils import get_encoding_from_headers
 
 try:
     from gevent.monkey import get_original
-    os_select = get_original("select", "select")
+    _os_poll = get_original("select", "poll")
 except ImportError:                   # no gevent: the standard library's
-    from select import select as os_select
+    _os_poll = select.poll
 
 READ_SIZE = 65536
-MAX_HEAD = 65536            # an answer's status line and header fields, at most
+MAX_HEAD = 65536            # bytes h11 holds for one head, chunk size line or trailer section
+MAX_INTERIM = 10            # informational (1xx) answers before the final one, at most
 END_WAIT = 2.0              # Answer.end(): seconds each read of a body's rest may wait
 SPARE_CONNECT = 2.0         # seconds a spare connection (fresh_after_stream) may take
 MAX_UPSTREAMS = 16          # upstreams whose idle connections a client keeps
@@ -62,9 +76,19 @@ MAX_UPSTREAMS = 16          # upstreams whose idle connections a client keeps
 _OWN = frozenset({"host", "content-length", "transfer-encoding", "connection",
                   "accept-encoding", "keep-alive", "te", "upgrade", "trailer"})
 
+# RFC 3986 origin-form (RFC 9112 3.2.1): "/" then pchar, "/" and "?", a "%" only
+# before two hex digits. Not "#", a space, a control or a non-ASCII byte.
+_TARGET = re.compile(r"/(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]+|%[0-9A-Fa-f]{2})*")
+
+
+class BadTarget(requests.exceptions.InvalidURL):
+    """A request target with a byte RFC 3986 does not allow in one (refused
+    before anything is sent: nothing decoded is written into a request line)."""
+
 
 class BadAnswer(requests.exceptions.RequestException):
-    """The upstream's answer is not HTTP/1.x (garbage, or a header block too large)."""
+    """The upstream's answer is not valid HTTP/1.1 (garbage, a head too large,
+    a framing h11 refuses), or its connection ended after the answer began."""
 
 
 class BrokenBody(requests.exceptions.ChunkedEncodingError):
@@ -75,33 +99,39 @@ class BrokenBody(requests.exceptions.ChunkedEncodingError):
 waiting: dict[int, "Connection"] = {}
 
 
+def readable(sock) -> bool:
+    """Whether a read on `sock` would return at once: bytes, EOF or an error.
+    The OS's own poll, with a zero timeout: select() fails for descriptors
+    from 1024 up; gevent's poll, with many greenlets runnable, reported closed
+    connections as open (tests/integration/test_stale_keepalive.py), and
+    gevent's functions yield to the loop, while this also runs in the loop
+    itself (common.disconnect's timer)."""
+    p = _os_poll()
+    p.register(sock, select.POLLIN)
+    return bool(p.poll(0))
+
+
 class Connection:
-    __slots__ = ("sock", "buf", "key")
+    __slots__ = ("sock", "key", "h11")
 
     def __init__(self, sock: socket.socket, key: tuple[str, int]):
         self.sock = sock
-        self.buf = b""          # bytes received beyond what was consumed
         self.key = key
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
 
     def alive(self) -> bool:
         """Still open and idle: not readable (readable while idle is EOF, or
-        stray bytes: not reusable either way). The OS's own select: gevent's
-        poll, with many greenlets runnable, reported closed connections as open
-        (tests/integration/test_stale_keepalive.py), and gevent's select yields."""
+        stray bytes: not reusable either way)."""
         try:
-            readable, _, _ = os_select([self.sock], [], [], 0)
+            return not readable(self.sock)
         except (ValueError, OSError):
             return False
-        return not readable
 
     def close(self) -> None:
         try:
             self.sock.close()
         except OSError:
             pass
-
-    def recv(self) -> bytes:
-        return self.sock.recv(READ_SIZE)
 
 
 class Client:
@@ -130,29 +160,33 @@ class Client:
         key, hostport, target = _split(url)
         if isinstance(body, str):
             body = body.encode()
-        head = _head(method, target, hostport, headers, body, fresh)
-        data = head + body if body else head
+        head = _request(method, target, hostport, headers, body, fresh)
         conn = None if fresh else self._take(key)
         if conn is None:
             conn = _connect(key, timeout[0])
         me = id(getcurrent())
         try:
+            h = conn.h11
+            data = h.send_with_data_passthrough(head)
+            if body:
+                data += h.send_with_data_passthrough(h11.Data(data=body))
+            data += h.send_with_data_passthrough(h11.EndOfMessage())
             conn.sock.settimeout(timeout[1])
-            conn.sock.sendall(data)
+            conn.sock.sendall(b"".join(data))
             waiting[me] = conn
-            status, reason, version, fields = _read_head(conn, method)
+            answer = _answer_head(conn)
         except BaseException as e:
             conn.close()
             if isinstance(e, requests.RequestException):
                 raise
             if isinstance(e, socket.timeout):
                 raise requests.exceptions.ReadTimeout(e) from None
-            if isinstance(e, (OSError, http.client.RemoteDisconnected)):
+            if isinstance(e, OSError):       # RemoteDisconnected too
                 raise requests.exceptions.ConnectionError(e) from None
             raise
         finally:
             waiting.pop(me, None)
-        return Answer(self, conn, url, method, status, reason, version, fields, fresh)
+        return Answer(self, conn, url, method, answer, fresh)
 
     def _take(self, key: tuple[str, int]) -> Connection | None:
         idle = self._idle.get(key)
@@ -213,25 +247,30 @@ def _split(url: str) -> tuple[tuple[str, int], str, str]:
     return (host, int(port)), hostport, target
 
 
-def _head(method: str, target: str, hostport: str, headers, body, fresh: bool) -> bytes:
-    parts = [f"{method} {target} HTTP/1.1\r\nHost: {hostport}\r\n"]
-    if headers:
-        for k, v in headers.items():
-            if k.lower() in _OWN:
-                continue
-            v = str(v)
-            if "\r" in v or "\n" in v or "\r" in k or "\n" in k or ":" in k:
-                raise requests.exceptions.InvalidHeader(f"invalid header field {k!r}")
-            parts.append(f"{k}: {v}\r\n")
-    if body:
-        parts.append(f"Content-Length: {len(body)}\r\n")
-    elif method in ("POST", "PUT", "PATCH"):
-        parts.append("Content-Length: 0\r\n")
-    parts.append("Accept-Encoding: identity\r\n")
-    if fresh:
-        parts.append("Connection: close\r\n")
-    parts.append("\r\n")
-    return "".join(parts).encode("latin-1")
+def _request(method: str, target: str, hostport: str, headers, body, fresh: bool) -> h11.Request:
+    """The request's head as h11 writes it, refused whole before anything is sent."""
+    if _TARGET.fullmatch(target) is None:
+        raise BadTarget(f"the request target {target[:200]!r} has a character that "
+                        "RFC 3986 does not allow in a request target (it must be "
+                        "percent-encoded)")
+    try:
+        fields = [(b"Host", hostport.encode("ascii"))]
+        if headers:
+            for k, v in headers.items():
+                if k.lower() not in _OWN:
+                    # Latin-1: a WSGI server hands on a field's bytes that way.
+                    fields.append((k.encode("latin-1"), str(v).strip(" \t").encode("latin-1")))
+        if body:
+            fields.append((b"Content-Length", b"%d" % len(body)))
+        elif method in ("POST", "PUT", "PATCH"):
+            fields.append((b"Content-Length", b"0"))
+        fields.append((b"Accept-Encoding", b"identity"))
+        if fresh:
+            fields.append((b"Connection", b"close"))
+        return h11.Request(method=method.encode("ascii"), target=target.encode("ascii"),
+                           headers=fields)
+    except (h11.LocalProtocolError, UnicodeEncodeError) as e:
+        raise requests.exceptions.InvalidHeader(f"a header field cannot be sent: {e}") from None
 
 
 # host -> (family, address): resolved once. Through gevent, getaddrinfo runs on
@@ -285,72 +324,98 @@ def _connect(key: tuple[str, int], timeout: float | None) -> Connection:
     return Connection(sock, key)
 
 
-def _read_head(conn: Connection, method: str):
-    """(status, reason, version, [(name, value)]) of the next final answer;
-    what follows the head stays in conn.buf."""
-    buf = conn.buf
+def _answer_head(conn: Connection) -> h11.Response:
+    """The head of the final answer, after at most MAX_INTERIM interim ones.
+    Only a connection that ends before any byte of an answer raises
+    RemoteDisconnected (the request may be sent again); after one, the answer
+    had begun: BadAnswer."""
+    h = conn.h11
+    began = False
+    interim = 0
     while True:
-        end = buf.find(b"\r\n\r\n")
-        while end < 0:
-            if len(buf) > MAX_HEAD:
-                raise BadAnswer(f"the upstream's header block is over {MAX_HEAD} bytes")
-            data = conn.recv()
+        try:
+            event = h.next_event()
+        except h11.RemoteProtocolError as e:
+            if e.error_status_hint == 431:
+                raise BadAnswer(f"the upstream's header block is over {MAX_HEAD} bytes") from None
+            raise BadAnswer(f"the upstream's answer is not valid HTTP/1.1: {e}") from None
+        if event is h11.NEED_DATA:
+            try:
+                data = conn.sock.recv(READ_SIZE)
+            except socket.timeout:
+                raise
+            except OSError as e:
+                if not began:
+                    raise
+                raise BadAnswer(f"the connection broke after the answer began: {e!r}") from None
             if not data:
-                if not buf:
+                if not began:
                     raise http.client.RemoteDisconnected(
                         "Remote end closed connection without response")
-                raise BadAnswer(f"the upstream closed the connection mid-header: {buf[:80]!r}")
-            buf = buf + data if buf else data
-            end = buf.find(b"\r\n\r\n", max(0, len(buf) - len(data) - 3))
-        lines = buf[:end].decode("latin-1").split("\r\n")
-        buf = buf[end + 4:]
-        version, _, rest = lines[0].partition(" ")
-        code, _, reason = rest.partition(" ")
-        if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
-            raise BadAnswer(f"the upstream's answer is not HTTP/1.x: {lines[0][:80]!r}")
-        status = int(code)
-        if 100 <= status < 200 and status != 101:
-            continue                                # an interim answer: the next one
-        conn.buf = buf
-        fields = []
-        for line in lines[1:]:
-            if line[:1] in (" ", "\t") and fields:  # obsolete line folding
-                fields[-1] = (fields[-1][0], fields[-1][1] + " " + line.strip())
-                continue
-            name, colon, value = line.partition(":")
-            if colon:
-                fields.append((name.strip(), value.strip()))
-        return status, reason, version, fields
+                raise BadAnswer("the upstream closed the connection "
+                                + ("after an interim answer" if interim else "mid-head"))
+            began = True
+            h.receive_data(data)
+        elif type(event) is h11.InformationalResponse:
+            interim += 1
+            if interim > MAX_INTERIM:
+                raise BadAnswer(f"the upstream sent over {MAX_INTERIM} interim (1xx) answers")
+        else:
+            return event                # h11.Response: the client's role sees nothing else
 
 
-def _headers(fields: list[tuple[str, str]]) -> CaseInsensitiveDict:
-    """requests' CaseInsensitiveDict, filled at once (its update() goes field by
-    field through MutableMapping); repeated fields are joined with ", "."""
-    h = CaseInsensitiveDict()
-    store = h._store
-    for name, value in fields:
-        low = name.lower()
-        had = store.get(low)
-        store[low] = (name, value) if had is None else (had[0], f"{had[1]}, {value}")
-    return h
+class AnswerHeaders(CaseInsensitiveDict):
+    """An answer's header fields: requests' case-insensitive view (a repeated
+    field's values joined by ", ", as requests does), and `fields`, the
+    (name, value) pairs in the order they came, each repeated field repeated:
+    what is relayed (Set-Cookie must not be joined)."""
+
+    def __init__(self, fields: list[tuple[str, str]]):
+        super().__init__()
+        self.fields = fields
+        store = self._store             # at once: update() goes field by field
+        for name, value in fields:
+            low = name.lower()
+            had = store.get(low)
+            store[low] = (name, value) if had is None else (had[0], f"{had[1]}, {value}")
+
+
+def _framing(method: str, head: h11.Response) -> tuple[str, int | None]:
+    """How the answer's body is framed ("none", "chunked", "length" or
+    "close"), and its length when framed by one. h11 has checked the fields:
+    Transfer-Encoding is only ever "chunked" (and then wins over a length),
+    a Content-Length is ASCII digits."""
+    if method == "HEAD" or head.status_code in (204, 304):
+        return "none", None
+    length = None
+    for name, value in head.headers:            # h11's: lower-case names
+        if name == b"transfer-encoding":
+            return "chunked", None
+        if name == b"content-length":
+            length = int(value)
+    return ("close", None) if length is None else ("length", length)
 
 
 class Answer(requests.Response):
-    """An upstream's answer, its body unread until iterated (see the module)."""
+    """An upstream's answer, its body unread until iterated (see the module).
+    `fields`: its header fields as they came; `framing`, `length`: how its
+    body is delimited (_framing)."""
 
-    def __init__(self, client: Client, conn: Connection, url: str, method: str, status: int,
-                 reason: str, version: str, fields, fresh: bool):
+    def __init__(self, client: Client, conn: Connection, url: str, method: str,
+                 head: h11.Response, fresh: bool):
         # requests.Response.__init__ builds a cookie jar and more we never use.
         self._content = False
         self._content_consumed = False
         self._next = None
-        self.status_code = status
-        self.headers = headers = _headers(fields)
+        self.status_code = head.status_code
+        self.fields = [(n.decode("latin-1"), v.decode("latin-1"))
+                       for n, v in head.headers.raw_items()]
+        self.headers = headers = AnswerHeaders(self.fields)
         self.raw = None
         self.url = url
         self.encoding = get_encoding_from_headers(headers)
         self.history = []
-        self.reason = reason
+        self.reason = head.reason.decode("latin-1")
         self.cookies = None
         self.elapsed = timedelta(0)
         self.request = None
@@ -358,34 +423,16 @@ class Answer(requests.Response):
         self._client = client
         self._conn: Connection | None = conn
         self._body: Iterator[bytes] | None = None     # the body's reader, once iterated
-        te = headers.get("transfer-encoding")
-        length = headers.get("content-length")
-        conn_hdr = (headers.get("connection") or "").lower()
-        self._reusable = not fresh and "close" not in conn_hdr and status != 101 and \
-            (version != "HTTP/1.0" or "keep-alive" in conn_hdr)     # 101: no longer HTTP
-        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
-            self._framing, self._left = "none", 0
-        elif te is not None and te.lower().rstrip().endswith("chunked"):
-            self._framing, self._left = "chunked", 0
-        elif length is not None and length.isdigit():
-            self._framing, self._left = "length", int(length)
-        elif length is not None:
-            conn.close()
-            self._conn = None
-            raise BadAnswer(f"invalid Content-Length {length[:40]!r}")
-        else:
-            self._framing, self._left = "close", 0
-            self._reusable = False
-        self._spend = client.fresh_after_stream and self._reusable and \
+        self.framing, self.length = _framing(method, head)
+        self._spend = client.fresh_after_stream and \
             (headers.get("content-type") or "").startswith("text/event-stream")
-        if self._spend:
-            self._reusable = False
         coding = (headers.get("content-encoding") or "identity").lower()
         if coding not in ("identity", "gzip", "x-gzip", "deflate"):
             self.close()
             raise BadAnswer(f"unsupported Content-Encoding {coding!r}")
         self._coding = coding
-        if self._framing == "none":                # nothing to read: done with it
+        if self.framing == "none":                 # nothing to read: done with it
+            conn.h11.next_event()                  # its EndOfMessage
             self._done(conn)
 
     # ---------------------------------------------------------- the body
@@ -406,7 +453,7 @@ class Answer(requests.Response):
     def body_arrived(self) -> bool:
         """Whether any of the body has come (or there is none to wait for)."""
         conn = self._conn
-        return conn is None or self._content_consumed or bool(conn.buf)
+        return conn is None or self._content_consumed or bool(conn.h11.trailing_data[0])
 
     @property
     def content(self) -> bytes:
@@ -418,34 +465,24 @@ class Answer(requests.Response):
         conn = self._conn
         if conn is None:
             return
-        framing = self._framing
+        h, sock = conn.h11, conn.sock
         try:
-            if framing == "chunked":
-                yield from _dechunk(conn)
-            elif framing == "length":
-                left = self._left
-                buf, conn.buf = conn.buf, b""
-                while True:
-                    if buf:
-                        if len(buf) > left:          # more than the body: not ours
-                            buf = buf[:left]
-                            self._reusable = False
-                        left -= len(buf)
-                        yield buf
-                    if not left:
-                        break
-                    buf = conn.recv()
-                    if not buf:
-                        raise BrokenBody(f"Connection broken: the body ended {left} bytes "
-                                         "short of its Content-Length")
-            elif framing == "close":
-                buf, conn.buf = conn.buf, b""
-                while True:
-                    if buf:
-                        yield buf
-                    buf = conn.recv()
-                    if not buf:
-                        break
+            while True:
+                event = h.next_event()
+                if type(event) is h11.Data:             # all that one receive held, at once
+                    got = [event.data]
+                    while type(event := h.next_event()) is h11.Data:
+                        got.append(event.data)
+                    yield b"".join(got)
+                if event is h11.NEED_DATA:
+                    h.receive_data(sock.recv(READ_SIZE))   # b"": the end, for h11 to judge
+                elif type(event) is h11.EndOfMessage:
+                    break
+                else:
+                    raise BrokenBody(f"Connection broken: {event!r} before the body's end")
+        except h11.RemoteProtocolError as e:
+            self.close()
+            raise BrokenBody(f"Connection broken: {e}") from None
         except requests.RequestException:
             self.close()
             raise
@@ -461,15 +498,20 @@ class Answer(requests.Response):
         self._done(conn)
 
     def _done(self, conn: Connection) -> None:
-        """The whole body was read: the connection serves the next request,
-        unless either side ends it or bytes beyond the body came."""
+        """The whole body was read: the connection serves the next request if
+        both sides keep it alive (h11: both DONE), the server did not end it
+        (a body delimited by the close) and no byte beyond the body came; one
+        spent by a stream (fresh_after_stream) is replaced instead."""
         self._conn = None
-        if self._reusable and not conn.buf:
-            self._client.release(conn)
-        else:
-            conn.close()
-            if self._spend:                 # spent by a stream: the next one waits ready
-                self._client.spare(conn.key)
+        h = conn.h11
+        beyond, ended = h.trailing_data
+        if h.our_state is h11.DONE and h.their_state is h11.DONE and not beyond and not ended:
+            if not self._spend:
+                h.start_next_cycle()
+                self._client.release(conn)
+                return
+            self._client.spare(conn.key)    # spent by a stream: the next one waits ready
+        conn.close()
 
     def close(self) -> None:
         """Done with the answer: a connection whose body was not read to the end
@@ -523,81 +565,29 @@ def _background(fn, *args) -> None:
         threading.Thread(target=fn, args=args, daemon=True).start()
 
 
-def _dechunk(conn: Connection) -> Iterator[bytes]:
-    """The payload of a chunked body, one piece per receive; leaves what
-    follows the body's end in conn.buf."""
-    buf, conn.buf = conn.buf, b""
-    left = 0            # payload bytes due in the current chunk
-    crlf = False        # the CRLF after a chunk's payload is due
-    while True:
-        if not buf:
-            buf = conn.recv()
-            if not buf:
-                raise BrokenBody("Connection broken: the upstream closed the connection "
-                                 "before the end of the body")
-        out = []
-        i, n = 0, len(buf)
-        while i < n:
-            if left:
-                take = left if left < n - i else n - i
-                out.append(buf if take == n else buf[i:i + take])
-                left -= take
-                i += take
-                crlf = not left
-                continue
-            if crlf:
-                if n - i < 2:
-                    break
-                if buf[i:i + 2] != b"\r\n":
-                    raise BrokenBody("Connection broken: a chunk is longer than its size")
-                i += 2
-                crlf = False
-                continue
-            end = buf.find(b"\r\n", i)
-            if end < 0:
-                if n - i > 1024:
-                    raise BrokenBody("Connection broken: invalid chunk size line")
-                break
-            try:
-                size = int(buf[i:end].split(b";", 1)[0], 16)
-            except ValueError:
-                raise BrokenBody(f"Connection broken: invalid chunk size "
-                                 f"{buf[i:end][:40]!r}") from None
-            if size == 0:
-                # The last chunk; then optional trailer fields and an empty line.
-                if buf.startswith(b"\r\n", end + 2):
-                    conn.buf = buf[end + 4:]
-                elif (tail := buf.find(b"\r\n\r\n", end)) >= 0:
-                    conn.buf = buf[tail + 4:]
-                else:
-                    break           # wait for the rest of the trailer section
-                if out:
-                    yield b"".join(out)
-                return
-            if size < 0:
-                raise BrokenBody("Connection broken: negative chunk size")
-            left = size
-            i = end + 2
-        rest = buf[i:] if i < n else b""
-        if out:
-            yield out[0] if len(out) == 1 else b"".join(out)
-        more = conn.recv()
-        if not more:
-            raise BrokenBody("Connection broken: the upstream closed the connection "
-                             "before the end of the body")
-        buf = rest + more if rest else more
-
-
 def _decoded(pieces: Iterator[bytes], coding: str) -> Iterator[bytes]:
     """A gzip or deflate body decoded as it arrives (we ask for identity, but a
-    server may code it anyway)."""
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS if "gzip" in coding else zlib.MAX_WBITS)
+    server may code it anyway). Gzip: every member, one after the other (RFC
+    1952); a body that ends inside its coded data is an error, not an end."""
+    gz = "gzip" in coding
+    wbits = 16 + zlib.MAX_WBITS if gz else zlib.MAX_WBITS
+    d = zlib.decompressobj(wbits)
+    fed = False
     try:
         for piece in pieces:
-            out = d.decompress(piece)
-            if out:
-                yield out
+            fed = fed or bool(piece)
+            while True:
+                out = d.decompress(piece)
+                if out:
+                    yield out
+                if not (d.eof and d.unused_data):
+                    break
+                if not gz:
+                    raise zlib.error("bytes after the end of the deflate stream")
+                piece, d = d.unused_data, zlib.decompressobj(wbits)    # the next member
         out = d.flush()
+        if fed and not d.eof:
+            raise zlib.error("the body ends inside its coded data")
     except zlib.error as e:
         raise requests.exceptions.ContentDecodingError(f"cannot decode the {coding} "
                                                        f"body: {e}") from None

@@ -58,7 +58,9 @@ class HeadWithBody(gunicorn_wsgi.Response):
     waits longer: an app that wants its headers out before it has a body
     writes b"", which still sends them at once. A relayed event stream does
     while the backend works on its first token (common.streaming.headers_now):
-    the next hop sets up its end meanwhile, not after the token."""
+    the next hop sets up its end meanwhile, not after the token. So does a
+    relay whose upstream broke off before its first byte, before it ends the
+    connection (common.streaming.BrokenRelay)."""
 
     _head = b""
 
@@ -73,7 +75,7 @@ class HeadWithBody(gunicorn_wsgi.Response):
 
     def write(self, arg):
         super().write(arg)
-        if self._head and self.chunked:          # an empty write: the headers, now
+        if self._head and not arg:               # an empty write: the headers, now
             self._flush_head()
 
     def _emit_body(self, data: bytes) -> None:
@@ -96,8 +98,8 @@ class HeadWithBody(gunicorn_wsgi.Response):
         super().close()
         if self.response_length is not None and self.sent < self.response_length \
                 and not self._omits_body:
-            # A relayed body that broke off short of its Content-Length: the
-            # client can only tell if the connection ends here.
+            # A body that ended short of its Content-Length: the client can
+            # only tell if the connection ends here.
             self.force_close()
 
 
@@ -116,20 +118,8 @@ class _Server(BaseApplication):
             if value is not None:
                 self.cfg.set(key, value)
 
-    def load(self):                # in the worker, once its settings are final
-        freeze(self.cfg)
+    def load(self):                # in the worker, after gevent has patched
         return self._factory()
-
-
-def freeze(cfg) -> None:
-    """Store every gunicorn setting on its Config instance. gunicorn reads them
-    through Config.__getattr__, two Python calls a lookup, about 24 times a
-    request in its parser and environ; a worker's settings never change once it
-    serves, and an instance attribute is a plain read. ~30 us less per request
-    with cold caches (tests/perf/coldhop.py). Config's own properties (data
-    descriptors) still win over what is stored."""
-    for name, setting in cfg.settings.items():
-        cfg.__dict__[name] = setting.get()
 
 
 def serve(factory: Callable, host: str, port: int, *, workers: int = 1,

@@ -6,14 +6,17 @@ when the client keeps up; many, in one write, when it does not), so no byte
 waits for another and a fast stream costs one read and one write per batch
 instead of one per HTTP chunk. When the client goes away, the WSGI server closes
 our generator and we close the upstream connection, so the backend stops
-generating.
+generating. When the upstream breaks off, the client's transfer breaks too
+(BrokenRelay): a cut body never reaches a client looking complete.
 """
 from __future__ import annotations
 
+import errno
 from typing import Callable, Iterable, Iterator
 
 import requests
 from flask import Response
+from werkzeug.datastructures import Headers
 from werkzeug.http import HTTP_STATUS_CODES
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those the WSGI server recomputes.
@@ -30,18 +33,30 @@ class Relayed:
     """An answer relayed as it comes, as a WSGI app: its status, header list and
     body go to the server as they are, without a Flask Response's conversions
     (what the hot routes, common.hotpath, save). A Flask view may return one
-    too: Flask runs a WSGI app it is given."""
+    too: Flask runs a WSGI app it is given. `headers`: a mapping or
+    werkzeug Headers (answer_headers), or a list of (name, value)."""
 
     __slots__ = ("status", "headers", "body")
 
-    def __init__(self, status: int, headers: dict, body: Iterable[bytes]):
+    def __init__(self, status: int, headers, body: Iterable[bytes]):
         self.status = f"{status} {HTTP_STATUS_CODES.get(status, 'UNKNOWN')}"
-        self.headers = list(headers.items())
+        self.headers = headers if isinstance(headers, list) else list(headers.items())
         self.body = body
 
     def __call__(self, environ, start_response):
         start_response(self.status, self.headers)
         return self.body
+
+
+class BrokenRelay(ConnectionResetError):
+    """Raised by a relayed body whose upstream broke off, after what on_break
+    said: the WSGI server then ends the client's connection there, without the
+    last chunk (or short of the Content-Length), so the client sees a broken
+    transfer, not a complete body. gunicorn takes a reset for a client gone:
+    the connection is closed, with no traceback in the log."""
+
+    def __init__(self, cause: Exception):
+        super().__init__(errno.ECONNRESET, f"the upstream broke off mid-body: {cause}")
 
 
 def headers_now(upstream) -> bool:
@@ -51,8 +66,8 @@ def headers_now(upstream) -> bool:
     (common.serve.HeadWithBody sends the headers at once on an empty write):
     the next hop, or the client, sets its end of the stream up while the
     backend works, instead of after the first token has come."""
-    return not getattr(upstream, "body_arrived", True) and \
-        (upstream.headers.get("content-type") or "").startswith("text/event-stream")
+    return (upstream.headers.get("content-type") or "").startswith("text/event-stream") \
+        and not getattr(upstream, "body_arrived", True)
 
 
 def sse_response(events: Iterator[bytes]) -> Response:
@@ -62,22 +77,33 @@ def sse_response(events: Iterator[bytes]) -> Response:
                     headers=dict(NO_BUFFERING), direct_passthrough=True)
 
 
-def forward_headers(headers) -> dict:
-    """Request or response headers minus the hop-by-hop ones."""
-    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+def forward_headers(headers) -> Headers:
+    """End-to-end header fields of a request or an answer: minus the hop-by-hop
+    ones and every one its Connection field names (RFC 9110 7.6.1). An
+    answer's (common.http1.AnswerHeaders) come from its fields as they came,
+    a repeated one (Set-Cookie) still repeated; a request's from any mapping."""
+    fields = getattr(headers, "fields", None)
+    if fields is None:
+        fields = list(headers.items()) if hasattr(headers, "items") else list(headers)
+    drop = HOP_BY_HOP
+    for name, value in fields:
+        if name.lower() == "connection":
+            drop = drop | {t.strip().lower() for t in value.split(",")}
+    return Headers([(k, v) for k, v in fields if k.lower() not in drop])
 
 
-def answer_headers(upstream: requests.Response) -> dict:
+def answer_headers(upstream) -> Headers:
     """An upstream answer's headers for relaying its body unchanged: the
-    forwarded ones, and its Content-Length when the bytes we relay are the
-    bytes it counted (no content coding: common.http1 decodes those). A known
+    forwarded ones, and a Content-Length derived from its framing: only when
+    its body was framed by a length and the bytes we relay are the bytes it
+    counted (no content coding: common.http1 decodes those). Never one from a
+    chunked answer that also carried a length, never a stale one. A known
     length lets the WSGI server send a non-streamed answer in one write
     instead of chunked pieces (common.serve.HeadWithBody)."""
     headers = forward_headers(upstream.headers)
-    length = upstream.headers.get("content-length")
-    if length is not None and \
+    if upstream.framing == "length" and \
             upstream.headers.get("content-encoding", "identity").lower() == "identity":
-        headers["Content-Length"] = length
+        headers["Content-Length"] = str(upstream.length)
     return headers
 
 
@@ -98,7 +124,8 @@ def iter_upstream(upstream: requests.Response,
     `on_close(complete)` runs once at the end: complete is False when the
     upstream broke mid-body or the client went away before the end.
     `on_break(exc)` may return final bytes for the client when the upstream
-    breaks mid-body (an SSE error event, say).
+    breaks mid-body (an SSE error event, say); then BrokenRelay is raised, so
+    the client's transfer breaks too instead of ending as if complete.
     """
     complete = False
     try:
@@ -107,12 +134,11 @@ def iter_upstream(upstream: requests.Response,
         yield from iter_body(upstream)
         complete = True
     except requests.RequestException as e:
-        # The upstream broke mid-body: the client sees a truncated body,
-        # ended by what on_break says (if anything).
-        if on_break is not None:
-            tail = on_break(e)
-            if tail:
-                yield tail
+        tail = on_break(e) if on_break is not None else b""
+        # With the tail, or empty (HeadWithBody sends a head still held at
+        # once): the client gets the head and what came, then the break.
+        yield tail or b""
+        raise BrokenRelay(e) from None
     finally:
         upstream.close()
         if on_close is not None:

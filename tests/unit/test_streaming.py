@@ -3,10 +3,13 @@ what arrives together leaves together, framing split anywhere, trailers, the
 connection reused after a complete body, and a body that breaks off."""
 from __future__ import annotations
 
+import errno
+
+import pytest
 import requests
 
 from common.http1 import Client
-from common.streaming import iter_upstream
+from common.streaming import BrokenRelay, iter_upstream
 from tests.support.servers import Scripted
 
 EVENT = b'data: {"choices":[{"delta":{"content":" tok"}}]}\n\n'
@@ -67,7 +70,9 @@ def test_framing_split_anywhere_and_trailers():
         srv.close()
 
 
-def test_a_body_that_breaks_off_calls_on_break_and_on_close():
+def test_a_body_that_breaks_off_calls_on_break_and_on_close_then_breaks_the_relay():
+    """The tail (an SSE error event) goes out, then BrokenRelay: the server ends
+    the client's transfer broken, not with a last chunk as if complete."""
     srv = Scripted([HEAD + framed(b"partial"), None], pause=0)
     s = session()
     seen = {}
@@ -78,11 +83,29 @@ def test_a_body_that_breaks_off_calls_on_break_and_on_close():
             seen["break"] = e
             return b"[error]"
 
-        out = b"".join(iter_upstream(r, on_close=lambda ok: seen.setdefault("complete", ok),
-                                     on_break=on_break))
-        assert out == b"partial[error]"
+        out = []
+        with pytest.raises(BrokenRelay) as e:
+            for piece in iter_upstream(r, on_close=lambda ok: seen.setdefault("complete", ok),
+                                       on_break=on_break):
+                out.append(piece)
+        assert b"".join(out) == b"partial[error]"
+        assert e.value.errno == errno.ECONNRESET     # gunicorn: closed, no traceback logged
         assert isinstance(seen["break"], requests.RequestException)
         assert seen["complete"] is False
+    finally:
+        srv.close()
+
+
+def test_a_break_before_any_byte_still_sends_the_head_then_breaks():
+    """Without a tail, an empty piece: HeadWithBody sends the head it holds."""
+    srv = Scripted([b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", None], pause=0)
+    s = session()
+    try:
+        r = s.get(srv.url + "/a")
+        it = iter_upstream(r)
+        assert next(it) == b""
+        with pytest.raises(BrokenRelay):
+            next(it)
     finally:
         srv.close()
 
