@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import requests
 
@@ -107,6 +107,73 @@ def streamed(resp: requests.Response, environ: dict | None) -> Iterator[bytes]:
         pass
     finally:
         resp.close()
+
+
+class Background:
+    """fn() running beside the request (a greenlet under gunicorn's gevent worker,
+    whose threading is gevent's; a thread under a threaded server), so a stream
+    can write keep-alives while it waits. fn's own waits watch the client
+    (call_watching_client), so a hang-up still cuts the backend's work."""
+
+    __slots__ = ("_done", "_value", "_error")
+
+    def __init__(self, fn: Callable):
+        self._done = threading.Event()
+        self._value = self._error = None
+        threading.Thread(target=self._run, args=(fn,), daemon=True).start()
+
+    def _run(self, fn) -> None:
+        try:
+            self._value = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiter
+            self._error = e
+        finally:
+            self._done.set()
+
+    def wait(self, timeout: float) -> bool:
+        """True once fn() has returned or raised."""
+        return self._done.wait(timeout)
+
+    def result(self):
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def waited(task: "Background | Callable", interval: float, keepalive: bytes):
+    """A generator that yields `keepalive` every `interval` s while the task (or
+    fn(), started now) runs and returns its result (`r = yield from waited(...)`),
+    or raises what it raised."""
+    if not isinstance(task, Background):
+        task = Background(task)
+    while not task.wait(interval):
+        yield keepalive
+    return task.result()
+
+
+def kept_alive(pieces: Iterator[bytes], interval: float, keepalive: bytes,
+               abort: Callable[[], None] | None = None) -> Iterator[bytes]:
+    """`pieces` (a stream's body), with `keepalive` (an SSE comment) every
+    `interval` s of silence until a piece carrying an event's data has come: a
+    backend prefilling a long prompt sends nothing for minutes, and a client
+    waiting that long (Claude Code: 300 s) gives up and sends the request again.
+    After that first event, the pieces pass as they come. `abort` closes the
+    upstream when the client goes away during a wait (the read itself runs
+    beside us and cannot be closed from here)."""
+    it = iter(pieces)
+    try:
+        while True:
+            piece = yield from waited(lambda: next(it, None), interval, keepalive)
+            if piece is None:
+                return
+            yield piece
+            if b"data:" in piece:
+                break
+    except GeneratorExit:
+        if abort is not None:
+            abort()
+        raise
+    yield from it
 
 
 _WHAT = {"unreachable": "unreachable", "closed_early": "closed the connection",

@@ -14,18 +14,21 @@ body straight to the backend, which speaks the dialect itself.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from types import ModuleType
 
 from flask import Response
 
-from common import guard
-from common.streaming import forward_headers, relay
+from common import guard, sse
+from common.errors import ApiError
+from common.streaming import forward_headers, relay, sse_response
 
 from .. import normalize
 from ..metrics import MODEL
 from ..search import rounds
-from ..upstream import streamed
+from ..search.rounds import message_of
+from ..upstream import Background, kept_alive, streamed, waited
 from . import anthropic, chat, responses
 
 try:
@@ -72,15 +75,78 @@ def handle(d: Dialect, parts: dict, request) -> Response:
         return rounds.serve(d.adapter(body, tool, parts, request), stream)
 
     # nothing to change: the client's bytes, as they came
-    r = parts["upstream"].request(
-        "POST", m.PATH, headers=forward_headers(request.headers),
-        data=guard.dumps(body) if changed else raw, stream=True, environ=request.environ,
-        read_body=not stream)
-    if stream and r.status_code == 200:
-        return relay(r, body=m.straight_stream(streamed(r, request.environ), body))
-    content = m.straight_whole(r.content)
+    headers, environ = forward_headers(request.headers), request.environ
+    data = guard.dumps(body) if changed else raw
+
+    def call():         # may run beside the request: no `request` in here
+        return parts["upstream"].request("POST", m.PATH, headers=headers, data=data,
+                                         stream=True, environ=environ, read_body=not stream)
+    if not stream:
+        r = call()
+        if r.status_code >= 400:
+            return error_answer(r)
+        content = m.straight_whole(r.content)
+        r.close()
+        return Response(content, status=r.status_code, headers=forward_headers(r.headers))
+    interval = settings.KEEPALIVE_INTERVAL
+    task = Background(call)
+    if not task.wait(interval):
+        # No head from the backend yet (llama-server sends it with the first
+        # token, after the prefill): the stream starts now, kept alive.
+        return sse_response(_late(m, task, body, environ, interval))
+    r = task.result()
+    if r.status_code != 200:
+        return error_answer(r)
+    return relay(r, body=m.straight_stream(
+        kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body))
+
+
+def _late(m, task, body, environ, interval):
+    """A stream whose backend had not answered its head within one keep-alive
+    interval: comments until it does, then its events, or its error as the
+    dialect's error event (the status is sent already)."""
+    yield sse.KEEPALIVE
+    try:
+        r = yield from waited(task, interval, sse.KEEPALIVE)
+    except ApiError as e:
+        if e.status != 499:               # a client gone hears nothing
+            yield m.stream_error(e.message, e.status, e.code or "upstream_error")
+        return
+    if r.status_code != 200:
+        status, raw = backend_error(r.status_code, r.content)
+        r.close()
+        yield m.stream_error(message_of(raw, status), status, error_code(raw))
+        return
+    yield from m.straight_stream(
+        kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body)
+
+
+def backend_error(status: int, raw: bytes) -> tuple[int, bytes]:
+    """A backend's error answer as the client gets it: one an agent can act on
+    (agents.backend_error: template exceptions, prompts over the context) is a
+    400 saying what to do; any other as it came."""
+    mapped = agents.backend_error(status, raw) if agents and status >= 400 else None
+    return mapped if mapped is not None else (status, raw)
+
+
+def error_answer(r) -> Response:
+    """A backend's whole answer (an error: in the shape backend_error gives it;
+    the after-hook makes it Anthropic's on /v1/messages)."""
+    content = r.content
     r.close()
+    if r.status_code >= 400:
+        status, mapped = backend_error(r.status_code, content)
+        if mapped is not content:
+            return Response(mapped, status=status, mimetype="application/json")
     return Response(content, status=r.status_code, headers=forward_headers(r.headers))
+
+
+def error_code(raw: bytes) -> str:
+    try:
+        err = json.loads(raw).get("error")
+        return str(err.get("code") or err.get("type") or "upstream_error")
+    except (ValueError, AttributeError, TypeError):
+        return "upstream_error"
 
 
 class _Lazy:

@@ -54,6 +54,12 @@ def to_anthropic_error(raw: bytes, status: int) -> bytes | None:
     return json.dumps(error_obj(message_of(raw, status), status)).encode()
 
 
+def stream_error(message: str, status: int, code: str = "") -> bytes:
+    """An error ending a stream whose status is sent already: Anthropic's error
+    event (its type from the status: a 400 is invalid_request_error)."""
+    return event("error", error_obj(message, status))
+
+
 def server_tool(body: dict) -> dict | None:
     for t in body.get("tools") or []:
         if isinstance(t, dict) and t.get("type") in SERVER_TOOL_TYPES:

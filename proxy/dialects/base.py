@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import requests
 
-from common import guard
+from common import guard, sse
 from common.errors import ApiError
 from common.sse import event
 from common.streaming import forward_headers
 
 from ..search.engine import Searcher, TOOL_NAME
-from ..search.rounds import message_of
-from ..upstream import watched
+from ..search.rounds import backend_error, message_of
+from ..upstream import kept_alive, watched
 
 __all__ = ["Adapter", "event", "TOOL_NAME", "parse_json_object"]
 
@@ -65,12 +65,17 @@ class Adapter:
                                      environ=self.environ, read_body=not stream)
 
     def body_of(self, resp: requests.Response):
-        """A streamed answer's body, its first byte awaited watching the client."""
-        return watched(resp, self.environ)
+        """A streamed answer's body, its first event awaited watching the client,
+        with keep-alive comments while the backend prefills."""
+        return kept_alive(watched(resp, self.environ), self.settings.KEEPALIVE_INTERVAL,
+                          sse.KEEPALIVE, resp.close)
 
     def fail_answer(self, raw: bytes, status: int) -> bytes:
-        """A later round's call answered an error: it ends the stream."""
-        return self.fail(message_of(raw, status), status, "upstream_error")
+        """A round's call answered an error: it ends the stream (one an agent can
+        act on as backend_error makes it)."""
+        status, raw = backend_error(status, raw)
+        return self.fail(message_of(raw, status), status,
+                         "upstream_error" if status != 400 else "invalid_request_error")
 
     def searching(self, calls) -> bytes:
         return self.keepalive

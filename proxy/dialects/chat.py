@@ -18,6 +18,7 @@ from common.errors import ApiError, error_body
 
 from .. import normalize
 from ..search.engine import TOOL_DESCRIPTION, TOOL_PARAMETERS, Turn
+from ..search.rounds import backend_error
 from .base import TOOL_NAME, Adapter
 
 PATH = "/v1/chat/completions"
@@ -85,6 +86,11 @@ def straight_stream(chunks, body):
 
 def straight_whole(content: bytes) -> bytes:
     return normalize.normalize_completion_bytes(content)
+
+
+def stream_error(message: str, status: int, code: str) -> bytes:
+    """An error ending a stream whose status is sent already: the OpenAI envelope."""
+    return sse.emit(error_body(message, status, code=code)) + sse.DONE
 
 
 def _usage_add(total: dict | None, u) -> dict | None:
@@ -299,7 +305,9 @@ class ChatAdapter(Adapter):
         return sse.emit(error_body(message, status, code=code)) + sse.DONE
 
     def fail_answer(self, raw: bytes, status: int) -> bytes:
-        """The upstream's own envelope, as it is, when it sent one."""
+        """The upstream's own envelope, as it is, when it sent one (or the one
+        backend_error makes of it)."""
+        status, raw = backend_error(status, raw)
         try:
             obj = json.loads(raw)
         except (ValueError, UnicodeDecodeError):

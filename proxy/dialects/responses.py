@@ -31,6 +31,16 @@ FUNCTION_TOOL = {"type": "function", "name": TOOL_NAME, "description": engine.TO
                  "parameters": engine.TOOL_PARAMETERS}
 
 
+def stream_error(message: str, status: int, code: str) -> bytes:
+    """An error ending a stream whose status is sent already: `response.failed`
+    (Codex shows its error's message)."""
+    return event("response.failed", {"type": "response.failed", "sequence_number": 0,
+                                      "response": {"id": new_id("resp_"), "object": "response",
+                                                   "created_at": int(time.time()),
+                                                   "status": "failed", "output": [],
+                                                   "error": {"code": code, "message": message}}})
+
+
 def server_tool(body: dict) -> dict | None:
     for t in body.get("tools") or []:
         if isinstance(t, dict) and t.get("type") in SEARCH_TOOL_TYPES:

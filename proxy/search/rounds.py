@@ -18,9 +18,18 @@ from flask import Response
 
 from common.disconnect import ClientGone
 from common.errors import ApiError
+from common.sse import KEEPALIVE
 from common.streaming import forward_headers, headers_now, sse_response
 
+from ..upstream import Background, waited
 from .engine import Step, decide, new_id
+
+try:
+    from .. import agents
+except ModuleNotFoundError as e:        # not written yet: no agent fixes
+    if e.name != "proxy.agents":
+        raise
+    agents = None
 
 TRUNCATED = "the upstream stream ended without a finish"
 
@@ -51,18 +60,59 @@ def serve(ad, stream: bool) -> Response:
             return _whole(ad)
         finally:
             ad.searcher.done()
-    first = ad.call(stream=True)
+    interval = ad.settings.KEEPALIVE_INTERVAL
+    task = Background(lambda: ad.call(stream=True))
+    if not task.wait(interval):
+        # no head yet (llama-server sends it after the prefill): the stream starts now
+        return sse_response(_late(ad, task, interval))
+    try:
+        first = task.result()
+    except BaseException:
+        ad.searcher.done()
+        raise
     if first.status_code != 200:
         ad.searcher.done()
         return _as_is(first)
     return sse_response(_stream(ad, first))
 
 
+def backend_error(status: int, raw: bytes) -> tuple[int, bytes]:
+    """The backend's error as the client gets it (agents.backend_error: a template
+    exception or a prompt over the context is a 400 saying what to do)."""
+    mapped = agents.backend_error(status, raw) if agents and status >= 400 else None
+    return mapped if mapped is not None else (status, raw)
+
+
 def _as_is(r: requests.Response) -> Response:
-    """An upstream's answer, as it came (its error: the after-hook shapes it)."""
+    """An upstream's answer, as it came, or as backend_error makes it (an error:
+    the after-hook shapes it for /v1/messages)."""
     content = r.content
     r.close()
+    status, mapped = backend_error(r.status_code, content)
+    if mapped is not content:
+        return Response(mapped, status=status, mimetype="application/json")
     return Response(content, status=r.status_code, headers=forward_headers(r.headers))
+
+
+def _late(ad, task, interval: float) -> Iterator[bytes]:
+    """A stream whose first round had no head within one keep-alive interval:
+    comments until it comes (nothing of the dialect's is sent yet), then the rounds."""
+    try:
+        yield KEEPALIVE
+        try:
+            first = yield from waited(task, interval, KEEPALIVE)
+        except ApiError as e:
+            if e.status != 499:
+                yield ad.fail(e.message, e.status, e.code or "error")
+            return
+        if first.status_code != 200:
+            yield ad.fail_answer(first.content, first.status_code)
+            first.close()
+            return
+    except BaseException:
+        ad.searcher.done()
+        raise
+    yield from _stream(ad, first)
 
 
 def _whole(ad) -> Response:
@@ -98,7 +148,9 @@ def _stream(ad, first: requests.Response) -> Iterator[bytes]:
             step = decide(turn, ad.searcher.budget_left)
             if step is Step.SEARCH:
                 yield from _search(ad, turn)
-                resp = ad.call(stream=True)
+                # the next round's prefill (our results are new tokens): kept alive
+                resp = yield from waited(lambda: ad.call(stream=True),
+                                         ad.settings.KEEPALIVE_INTERVAL, ad.keepalive)
                 if resp.status_code != 200:
                     yield ad.fail_answer(resp.content, resp.status_code)
                     return

@@ -17,6 +17,31 @@ from flask import Response, jsonify, request
 from .chat import Reply, ScriptedChat, _pieces
 
 _ids = itertools.count(1)
+MODEL_PATHS = ("/v1/chat/completions", "/v1/messages", "/v1/responses")
+
+
+class LlamaError:
+    """A scripted answer that is an error exactly as llama-server sends it (its
+    status, its body's bytes, its content type), in every dialect."""
+
+    def __init__(self, status: int, body: bytes | dict, mimetype: str = "application/json"):
+        self.status = status
+        self.body = json.dumps(body).encode() if isinstance(body, dict) else body
+        self.mimetype = mimetype
+
+    @classmethod
+    def template(cls, reason: str = "System message must be at the beginning.") -> "LlamaError":
+        """A chat template's raise_exception: tools/server answers 500 server_error."""
+        return cls(500, {"error": {"code": 500, "message": f"Jinja Exception: {reason}",
+                                   "type": "server_error"}})
+
+    @classmethod
+    def context(cls, n: int, ctx: int) -> "LlamaError":
+        """A prompt longer than the slot's context (server-context.cpp send_error)."""
+        return cls(400, {"error": {
+            "code": 400, "message": f"request ({n} tokens) exceeds the available context "
+                                    f"size ({ctx} tokens), try increasing it",
+            "type": "exceed_context_size_error", "n_prompt_tokens": n, "n_ctx": ctx}})
 
 
 def _sse(name: str, obj: dict) -> bytes:
@@ -40,6 +65,11 @@ class ScriptedDialects(ScriptedChat):
         self.truncate_after: int | None = None
         # leave message_start out of Messages streams, as llama-server now and then does
         self.omit_message_start = False
+        # a model request waits this long before any answer (llama-server sends a
+        # stream's head with its first token, after the prefill) ...
+        self.head_delay = 0.0
+        # ... or a stream's head goes at once and its first event after this long
+        self.event_delay = 0.0
         super().__init__(*a, **kw)
 
     def _next(self, body: dict):
@@ -54,10 +84,35 @@ class ScriptedDialects(ScriptedChat):
     def _make_app(self):
         app = super()._make_app()
 
+        @app.before_request
+        def scripted_error_or_delay():
+            if request.method != "POST" or request.path not in MODEL_PATHS:
+                return None
+            if self.head_delay:
+                time.sleep(self.head_delay)
+            with self._lock:
+                nxt = self.replies[0] if self.replies and self.responder is None else None
+                if isinstance(nxt, LlamaError):
+                    self.replies.pop(0)
+                    self.requests.append(request.get_json(force=True))
+                    self.paths.append(request.path)
+                    self.raw.append(request.get_data())
+            if isinstance(nxt, LlamaError):
+                return Response(nxt.body, status=nxt.status, mimetype=nxt.mimetype)
+            return None
+
+        @app.after_request
+        def late_first_event(resp):
+            if self.event_delay and resp.mimetype == "text/event-stream":
+                resp.response = self._delayed(resp.response, self.event_delay)
+            return resp
+
         @app.post("/v1/messages")
         def messages():
             body = request.get_json(force=True)
             reply = self._next(body)
+            if isinstance(reply, LlamaError):
+                return Response(reply.body, status=reply.status, mimetype=reply.mimetype)
             if reply is None or reply.status != 200:
                 status = 500 if reply is None else reply.status
                 msg = "script exhausted" if reply is None else reply.error
@@ -76,6 +131,8 @@ class ScriptedDialects(ScriptedChat):
         def responses():
             body = request.get_json(force=True)
             reply = self._next(body)
+            if isinstance(reply, LlamaError):
+                return Response(reply.body, status=reply.status, mimetype=reply.mimetype)
             if reply is None or reply.status != 200:
                 status = 500 if reply is None else reply.status
                 msg = "script exhausted" if reply is None else reply.error
@@ -88,6 +145,12 @@ class ScriptedDialects(ScriptedChat):
             return jsonify(self._response(reply, rid, "completed", self._items(reply, rid)))
 
         return app
+
+    @staticmethod
+    def _delayed(events, delay: float):
+        yield b""                   # the head now (werkzeug sends it on an empty write)
+        time.sleep(delay)
+        yield from events
 
     # ------------------------------------------------------------ Anthropic Messages
 
