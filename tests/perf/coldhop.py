@@ -186,7 +186,6 @@ def main() -> None:
     for k, v in {"worker_class": "gevent", "keepalive": 75, "timeout": 0,
                  "accesslog": None, "control_socket_disable": True}.items():
         cfg.set(k, v)
-    common.serve.freeze(cfg)               # as the services' workers do
     print(f"| app | parse | environ | app | write | total (µs per request, median, "
           f"{'hot' if a.hot else 'cold'}) |\n|---|---|---|---|---|---|")
     for name in a.apps.split(","):

@@ -14,7 +14,6 @@ from gunicorn.http import wsgi as gunicorn_wsgi
 
 from common import serve
 from common.http1 import Client, Connection
-from common.streaming import answer_headers
 
 
 class RecordingSocket:
@@ -140,47 +139,3 @@ def test_a_request_with_a_body_leaves_in_one_send():
     assert recorder.sends[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
     assert recorder.sends[0].endswith(b"\r\n\r\n" + body)
     assert got == recorder.sends
-
-
-class Upstream:
-    def __init__(self, headers):
-        self.headers = headers
-
-
-def test_a_relayed_answer_keeps_its_length_unless_a_coding_changes_it():
-    from requests.structures import CaseInsensitiveDict
-    plain = answer_headers(Upstream(CaseInsensitiveDict(
-        {"Content-Length": "42", "Content-Type": "application/json", "Connection": "close"})))
-    assert plain == {"Content-Length": "42", "Content-Type": "application/json"}
-    coded = answer_headers(Upstream(CaseInsensitiveDict(
-        {"Content-Length": "42", "Content-Encoding": "gzip"})))
-    assert "Content-Length" not in coded       # requests hands on the decoded bytes
-
-
-def test_a_frozen_config_answers_every_setting_without_its_lookup(monkeypatch):
-    """serve.freeze: gunicorn's parser and environ read settings as plain
-    attributes (Config.__getattr__ is two Python calls a lookup, ~24 a request),
-    with the values the lookup gives."""
-    from gunicorn import http
-
-    cfg = Config()
-    cfg.set("limit_request_line", 1234)
-    expected = {name: getattr(cfg, name) for name in cfg.settings}
-    serve.freeze(cfg)
-    lookups = []
-    real = Config.__getattr__
-    monkeypatch.setattr(Config, "__getattr__",
-                        lambda self, name: lookups.append(name) or real(self, name))
-    assert {name: getattr(cfg, name) for name in cfg.settings} == expected
-    assert cfg.limit_request_line == 1234 and cfg.worker_class_str == "sync"
-
-    class Sock:
-        data = b"GET /x HTTP/1.1\r\nHost: a\r\nX-A: 1\r\n\r\n"
-
-        def recv(self, n):
-            d, self.data = self.data, b""
-            return d
-
-    req = next(http.get_parser(cfg, Sock(), ("127.0.0.1", 1)))
-    gunicorn_wsgi.create(req, RecordingSocket(), ("127.0.0.1", 1), ("127.0.0.1", 2), cfg)
-    assert req.path == "/x" and lookups == []

@@ -45,6 +45,22 @@ def make_app(urls: dict, runtime: FakeRuntime | None = None):
     return app, runtime
 
 
+def broken_stream(client, **extra) -> bytes:
+    """A streamed answer that breaks off: what came (an error event last), and
+    then the transfer breaks (common.streaming.BrokenRelay), so the client
+    cannot take it for a whole answer."""
+    from common.streaming import BrokenRelay
+    body = {"model": "tiny-b", "messages": [{"role": "user", "content": "hi"}],
+            "stream": True, **extra}
+    r = client.post("/v1/chat/completions", json=body, buffered=False)
+    got = []
+    with pytest.raises(BrokenRelay):
+        for piece in r.response:
+            got.append(piece)
+    r.close()
+    return b"".join(got)
+
+
 def ask(client, model="tiny-b", stream=False, **extra):
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
     body.update(extra)
@@ -77,8 +93,8 @@ def test_a_stream_that_breaks_ends_with_an_error_event_and_frees_the_slot(chat):
     chat.script(Reply("a long answer", break_after=3), Reply("next"))
     app, _ = make_app({"tiny-b": chat.url})
     c = app.test_client()
-    r = ask(c, stream=True)
-    events = [json.loads(line[6:]) for line in r.data.split(b"\n\n")
+    data = broken_stream(c)
+    events = [json.loads(line[6:]) for line in data.split(b"\n\n")
               if line.startswith(b"data: {")]
     assert events[-1]["error"]["code"] == "backend_failed"
     assert settled(app)["in_flight"] == 0
@@ -133,8 +149,7 @@ def test_a_request_that_reached_the_backend_is_not_sent_twice(chat):
     with an error, not silently run again."""
     chat.script(Reply("x" * 4000, break_after=2))
     app, _ = make_app({"tiny-b": chat.url})
-    r = ask(app.test_client(), stream=True)
-    assert b"backend_failed" in r.data
+    assert b"backend_failed" in broken_stream(app.test_client())
     assert len(chat.requests) == 1
 
 
