@@ -1,7 +1,7 @@
 """How a stream crosses the hops, on the real proxy in front of the real swapper
 (both gunicorn + gevent, as in production), streaming from the synthetic
-backend of tests/perf (chat completions only: the other dialects are
-translated). A relay between proxy and swapper counts the connections.
+backend of tests/perf (in each of the three dialects, as llama-server serves
+them). A relay between proxy and swapper counts the connections.
 
 - A stream the proxy stops reading at its logical end ([DONE], message_stop,
   response.completed) leaves its connection to the swapper open for the next
@@ -77,7 +77,7 @@ def test_streams_ended_at_their_end_keep_the_connection_to_the_swapper(stack, ca
         # background once the client has its answer: give it a moment.
         time.sleep(0.3)
 
-    ask()               # the first: a dialect the backend lacks is found out (a 404)
+    ask()
     before = relay.connections
     for _ in range(3):
         ask()

@@ -13,6 +13,11 @@ Python image, started by the swapper like any backend).
                               first token: the headers go at once). Every
                               chunk is its own HTTP/1.1 chunk and its own send(), as
                               llama-server writes a token. Non-streaming: one answer.
+  POST /v1/messages           the same tokens as Anthropic Messages events (message_start
+                              ... message_stop, stop_reason max_tokens; llama-server
+                              serves this dialect itself, and so does this backend)
+  POST /v1/responses          the same as OpenAI Responses events (response.created ...
+                              response.incomplete: max_output_tokens reached)
   GET  /perf/stamps           wall-clock stamps: started, ready_at (when /health
                               turns 200), first_health_200 (first 200 served) and
                               first_request (first chat request received)
@@ -46,7 +51,54 @@ def _framed(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-FRAMED = [_framed(c) for c in CHUNKS]
+def _event(name: str, obj: dict) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(obj)}\n\n".encode()
+
+
+_MSG = {"id": "msg_synth", "type": "message", "role": "assistant", "model": "synth",
+        "content": [], "stop_reason": None, "usage": {"input_tokens": 1, "output_tokens": 0}}
+_RESP = {"id": "resp_synth", "object": "response", "created_at": 0, "model": "synth",
+         "status": "in_progress", "output": []}
+_ITEM = {"id": "msg_synth", "type": "message", "role": "assistant", "status": "in_progress",
+         "content": []}
+# dialect -> (events before the tokens, one event per token, events after them)
+DIALECTS = {
+    "chat": (b"", CHUNKS, LAST + DONE),
+    "messages": (
+        _event("message_start", {"type": "message_start", "message": _MSG})
+        + _event("content_block_start", {"type": "content_block_start", "index": 0,
+                                         "content_block": {"type": "text", "text": ""}}),
+        [_event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                        "delta": {"type": "text_delta", "text": w}})
+         for w in WORDS],
+        _event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        + _event("message_delta", {"type": "message_delta", "delta": {
+            "stop_reason": "max_tokens", "stop_sequence": None},
+            "usage": {"output_tokens": 1}})
+        + _event("message_stop", {"type": "message_stop"})),
+    "responses": (
+        _event("response.created", {"type": "response.created", "response": _RESP})
+        + _event("response.output_item.added", {"type": "response.output_item.added",
+                                                "output_index": 0, "item": _ITEM})
+        + _event("response.content_part.added", {
+            "type": "response.content_part.added", "item_id": "msg_synth", "output_index": 0,
+            "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+        [_event("response.output_text.delta", {
+            "type": "response.output_text.delta", "item_id": "msg_synth", "output_index": 0,
+            "content_index": 0, "delta": w}) for w in WORDS],
+        _event("response.output_item.done", {
+            "type": "response.output_item.done", "output_index": 0,
+            "item": {**_ITEM, "status": "incomplete", "content": [
+                {"type": "output_text", "text": "".join(WORDS), "annotations": []}]}})
+        + _event("response.incomplete", {"type": "response.incomplete", "response": {
+            **_RESP, "status": "incomplete",
+            "incomplete_details": {"reason": "max_output_tokens"},
+            "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}}})),
+}
+PATHS = {"/v1/chat/completions": "chat", "/v1/messages": "messages",
+         "/v1/responses": "responses"}
+FRAMED = {d: (_framed(first) if first else b"", [_framed(c) for c in each], _framed(last))
+          for d, (first, each, last) in DIALECTS.items()}
 
 
 def _stamp(key: str) -> None:
@@ -122,7 +174,7 @@ class Handler(socketserver.StreamRequestHandler):
         if path == "/v1/models":
             return self.send("200 OK", "application/json",
                              b'{"object":"list","data":[{"id":"synth","object":"model"}]}', close)
-        if path == "/v1/chat/completions" and method == "POST":
+        if path in PATHS and method == "POST":
             _stamp("first_request")
             try:
                 req = json.loads(body or b"{}")
@@ -132,11 +184,28 @@ class Handler(socketserver.StreamRequestHandler):
                                  b'"code":"bad_json"}}', close)
             # n_predict first, as llama-server takes it (the stack raises max_tokens
             # to its tool floor when it injects web_search)
-            n = int(req.get("n_predict") or req.get("max_tokens") or 16)
+            n = int(req.get("n_predict") or req.get("max_tokens")
+                    or req.get("max_output_tokens") or 16)
             if req.get("stream"):
-                self.stream(n, float(req.get("perf_interval_ms") or 0) / 1000.0,
+                self.stream(PATHS[path], n, float(req.get("perf_interval_ms") or 0) / 1000.0,
                             float(req.get("perf_first_ms") or 0) / 1000.0)
                 return False           # like llama-server: close after a stream
+            text = "".join(WORDS[i & 7] for i in range(n))
+            if path == "/v1/messages":
+                answer = {**_MSG, "content": [{"type": "text", "text": text}],
+                          "stop_reason": "max_tokens",
+                          "usage": {"input_tokens": 1, "output_tokens": n}}
+                return self.send("200 OK", "application/json", json.dumps(answer).encode(),
+                                 close)
+            if path == "/v1/responses":
+                answer = {**_RESP, "status": "incomplete",
+                          "incomplete_details": {"reason": "max_output_tokens"},
+                          "output": [{**_ITEM, "status": "incomplete", "content": [
+                              {"type": "output_text", "text": text, "annotations": []}]}],
+                          "usage": {"input_tokens": 1, "output_tokens": n,
+                                    "total_tokens": n + 1}}
+                return self.send("200 OK", "application/json", json.dumps(answer).encode(),
+                                 close)
             answer = {"id": "chatcmpl-synth", "object": "chat.completion", "created": 0,
                       "model": "synth", "choices": [{"index": 0, "finish_reason": "length",
                       "message": {"role": "assistant", "content": "".join(WORDS[i & 7] for i in range(n))}}],
@@ -146,27 +215,30 @@ class Handler(socketserver.StreamRequestHandler):
                          b'{"error":{"message":"not found","type":"invalid_request_error",'
                          b'"code":"not_found"}}', close)
 
-    def stream(self, n: int, interval: float, first: float = 0.0) -> None:
+    def stream(self, dialect: str, n: int, interval: float, first: float = 0.0) -> None:
         sock = self.connection
         sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                      b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
                      b"Connection: close\r\n\r\n")
         send, sleep = sock.sendall, time.sleep
+        head, framed, last = FRAMED[dialect]
         try:
             if first > 0:
                 sleep(first)
+            if head:
+                send(head)
             if interval > 0:
                 t = time.monotonic()
                 for i in range(n):
-                    send(FRAMED[i & 7])
+                    send(framed[i & 7])
                     t += interval
                     d = t - time.monotonic()
                     if d > 0:
                         sleep(d)
             else:
                 for i in range(n):
-                    send(FRAMED[i & 7])
-            send(_framed(LAST) + _framed(DONE) + b"0\r\n\r\n")
+                    send(framed[i & 7])
+            send(last + b"0\r\n\r\n")
         except OSError:
             pass                       # the client went away: stop "generating"
 
