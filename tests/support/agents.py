@@ -286,3 +286,84 @@ def render(template: str, chat: dict, add_generation_prompt: bool = True) -> str
 def qwen35() -> str:
     with open(os.path.join(TEMPLATES, "Qwen3.5-4B.jinja")) as f:
         return f.read()
+
+
+# ------------------------------------------------- a model behind the official Qwen3.5 template
+
+def _last_tool_output(body: dict, path: str) -> str | None:
+    """The output of the tool call answered last in the conversation, or None when the
+    conversation's last turn is not a tool result."""
+    if path == "/v1/messages":
+        msgs = body.get("messages") or []
+        last = msgs[-1] if msgs else {}
+        c = last.get("content")
+        results = [b for b in c if isinstance(b, dict) and b.get("type") == "tool_result"] \
+            if isinstance(c, list) else []
+        return _text(results) if results else None
+    items = body.get("input") if isinstance(body.get("input"), list) else []
+    last = items[-1] if items else {}
+    if isinstance(last, dict) and last.get("type") == "function_call_output":
+        out = last.get("output")
+        return out if isinstance(out, str) else json.dumps(out)
+    return None
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+SHELL_TOOLS = {"Bash": {"command": "echo hello", "description": "Print hello"},
+               "exec_command": {"cmd": "echo hello"},
+               "shell": {"command": ["echo", "hello"]}}
+
+
+def tool_model(body: dict, path: str) -> Reply:
+    """An agent's model making one shell call (Claude Code's Bash, Codex's
+    exec_command) `echo hello`, then answering `DONE: <the tool's last output line>`;
+    any other request (titles, summaries) gets "ok"."""
+    out = _last_tool_output(body, path)
+    if out is not None:
+        return Reply(content=f"DONE: {_last_line(out)}")
+    names = [t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
+    for name, args in SHELL_TOOLS.items():
+        if name in names:
+            return Reply(content="Running it.", tool_calls=[call(name, args)])
+    return Reply(content="ok")
+
+
+class Rendering:
+    """A responder for tests.support.dialects.ScriptedDialects that renders every
+    request through a chat template the way llama-server does (Messages and Responses
+    converted to chat first: anthropic_to_chat / responses_to_chat, then the template
+    with jinja2) before `responder` answers it. A template exception is answered as
+    llama-server answers it: 500 `{"error": {"code": 500, "message": "Jinja
+    Exception: ...", "type": "server_error"}}`; an input item llama-server cannot
+    convert, 400 invalid_request_error. Every rendered prompt lands in `prompts`,
+    every refusal in `refused`."""
+
+    def __init__(self, responder=tool_model, template: str | None = None):
+        self.responder = responder
+        self.template = template or qwen35()
+        self.prompts: list[str] = []
+        self.refused: list[str] = []
+
+    def __call__(self, body: dict, path: str):
+        import jinja2
+
+        from .dialects import LlamaError
+        try:
+            chat = anthropic_to_chat(body) if path == "/v1/messages" else \
+                responses_to_chat(body) if path == "/v1/responses" else body
+        except (ValueError, KeyError, TypeError) as e:
+            self.refused.append(str(e))
+            return LlamaError(400, {"error": {"code": 400, "message": str(e),
+                                              "type": "invalid_request_error"}})
+        try:
+            self.prompts.append(render(self.template, chat))
+        except jinja2.TemplateError as e:
+            self.refused.append(str(e))
+            return LlamaError(500, {"error": {"code": 500,
+                                              "message": f"Jinja Exception: {e}",
+                                              "type": "server_error"}})
+        return self.responder(body, path)

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tests.support.agents import QUERY, agents_bin, searching_model, tool
+from tests.support.agents import QUERY, Rendering, agents_bin, searching_model, tool
 from tests.support.dialects import ScriptedDialects
 from tests.support.proxyproc import ProxyProcess
 from tests.support.searxng import FakeSearxng
@@ -28,6 +28,18 @@ def stack():
                          KEEPALIVE_INTERVAL=0.5) as proxy:
         model.responder = searching_model
         yield proxy, model, searx
+
+
+@pytest.fixture
+def qwen_stack():
+    """The real proxy in front of a model that renders every request through the
+    official Qwen3.5 template as llama-server does (a template exception: its 500)."""
+    rendering = Rendering()
+    with FakeSearxng() as searx, ScriptedDialects() as model, \
+            ProxyProcess(BACKEND_URL=model.url, SEARXNG_URL=searx.url, MODELS_TTL=0,
+                         KEEPALIVE_INTERVAL=0.5) as proxy:
+        model.responder = rendering
+        yield proxy, model, rendering
 
 
 def cli(name: str) -> str:
@@ -70,6 +82,67 @@ def test_claude_code_web_search(stack, tmp_path):
             [t.get("name") for t in b.get("tools") or []]]
     last = json.dumps(main[-1]["messages"][-1])
     assert "Links:" in last and URL in last
+
+
+CLAUDE_ENV = {"ANTHROPIC_AUTH_TOKEN": "x", "ANTHROPIC_MODEL": "scripted-model",
+              "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
+SHELL_PROMPT = "Run `echo hello` in the shell and tell me what it printed."
+
+
+def tool_results(model) -> list[dict]:
+    """The requests that carried a tool's result last (the CLI ran the call)."""
+    out = []
+    for b, path in zip(model.requests, model.paths):
+        last = (b.get("messages") or b.get("input") or [{}])[-1]
+        c = last.get("content") if isinstance(last, dict) else None
+        if last.get("type") == "function_call_output" or isinstance(c, list) and any(
+                isinstance(x, dict) and x.get("type") == "tool_result" for x in c):
+            out.append(b)
+    return out
+
+
+def test_claude_code_bash_call_through_the_qwen_template(qwen_stack, tmp_path):
+    """Claude Code 2.1.197 sends a system message inside `messages`, which the Qwen
+    3.5 template refuses: through the proxy every request renders, the model's one
+    Bash call runs, and the CLI prints the answer built on its output."""
+    proxy, model, rendering = qwen_stack
+    p = run([cli("claude"), "-p", SHELL_PROMPT, "--max-turns", "3", "--allowedTools", "Bash"],
+            tmp_path, {"ANTHROPIC_BASE_URL": proxy.url,
+                       "ANTHROPIC_DEFAULT_HAIKU_MODEL": "scripted-model",
+                       "ANTHROPIC_SMALL_FAST_MODEL": "scripted-model", **CLAUDE_ENV})
+    assert "DONE: hello" in p.stdout
+    assert rendering.refused == [], "every request rendered through the Qwen3.5 template"
+    assert len(rendering.prompts) == len(model.requests)
+    assert tool_results(model), "the Bash call ran and its result came back"
+    assert set(model.paths) == {"/v1/messages"}
+
+
+def codex_home(tmp_path, url: str, extra: str = "") -> str:
+    home = tmp_path / ".codex"
+    home.mkdir()
+    (home / "config.toml").write_text(f"""model = "scripted-model"
+model_provider = "local"
+{extra}
+[model_providers.local]
+name = "coding-stack"
+base_url = "{url}/v1"
+wire_api = "responses"
+env_key = "LOCAL_KEY"
+""")
+    return str(home)
+
+
+def test_codex_shell_call_through_the_qwen_template(qwen_stack, tmp_path):
+    """Codex 0.171.0 opens `input` with two developer messages (two system messages
+    to the template, the second refused): through the proxy every request renders,
+    the model's one exec_command call runs, and `codex exec` completes."""
+    proxy, model, rendering = qwen_stack
+    p = run([cli("codex"), "exec", "--skip-git-repo-check", SHELL_PROMPT], tmp_path,
+            {"CODEX_HOME": codex_home(tmp_path, proxy.url), "LOCAL_KEY": "x"})
+    assert "DONE: hello" in p.stdout
+    assert rendering.refused == []
+    assert tool_results(model), "the shell call ran and its output came back"
+    assert set(model.paths) == {"/v1/responses"}
 
 
 def test_codex_web_search(stack, tmp_path):
