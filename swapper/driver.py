@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 
+from .kvcache import KvCache
 from .metrics import SwapperMetrics
 from .registry import Registry
 from .runtime import Backend, BackendError, DockerUnavailable, Runtime
@@ -51,7 +52,8 @@ def _thread(fn, *args) -> threading.Thread:
 class Driver:
     def __init__(self, scheduler: Scheduler, runtime: Runtime, registry: Registry,
                  settings: Settings, metrics: SwapperMetrics,
-                 sleep=time.sleep, clock=time.monotonic, spawn=_thread):
+                 sleep=time.sleep, clock=time.monotonic, spawn=_thread,
+                 kvcache: KvCache | None = None):
         self.scheduler = scheduler
         self.runtime = runtime
         self.registry = registry
@@ -69,6 +71,14 @@ class Driver:
         self._stopped: list[str] = []           # stopped containers, to remove
         self._dirty = False                     # something may be left: sweep when idle
         self.following = False                  # Docker's die events arrive (follow_deaths)
+        self._dead: str | None = None           # the container last reported crashed
+        # Prompt caches across swaps: saved before a stop, restored before admission.
+        # Its events go where the scheduler's go (/events).
+        self.kv = kvcache or KvCache(settings, metrics, emit=self._notify,
+                                     image_id=getattr(runtime, "image_id", None))
+
+    def _notify(self, event: str, **fields) -> None:
+        self.scheduler._emit(event, **fields)
 
     def start(self) -> None:
         """Adopt what an earlier run left before serving (when the engine
@@ -144,6 +154,7 @@ class Driver:
             backend = self.runtime.start(spec, prepared=prepared, on_progress=lambda seconds, line:
                                          self.scheduler.load_progress(action.epoch, seconds,
                                                                       line))
+            backend = self._restore(spec, backend, prepared_for=action)
             self.last_load_seconds = self._clock() - t0
             self.metrics.load_done(spec.id, self.last_load_seconds, ok=True)
             if not self.adopted:       # the engine came back just before this load:
@@ -163,6 +174,38 @@ class Driver:
                 self.metrics.load_done(spec.id, 0.0, ok=False)
             self.scheduler.load_done(action.epoch, backend=backend, error=error)
 
+    def _restore(self, spec, backend: Backend, prepared_for: Action) -> Backend:
+        """The healthy backend gets its saved slots back before anything is
+        admitted. A restore that brought the backend down (this llama-server
+        aborts on some bad files) costs a fresh start without them."""
+        if not self.kv.enabled(spec):
+            return backend
+        outcome = self.kv.restore(spec, backend)
+        if not outcome.died:
+            return backend
+        log.error("model %s: its backend stopped answering while its prompt cache was "
+                  "restored: starting it again without it", spec.id)
+        try:
+            self.runtime.remove(backend.container_id)
+        except Exception as e:
+            self._dirty = True
+            log.warning("could not remove container %s: %s", backend.container_id[:12], e)
+        return self.runtime.start(spec, on_progress=lambda seconds, line:
+                                  self.scheduler.load_progress(prepared_for.epoch, seconds,
+                                                               line))
+
+    def _save(self, action: Action, backend) -> None:
+        """Save the prompt cache of the backend about to stop, while it still
+        answers (not when it just crashed). Costs only the cache if it fails."""
+        spec = self.registry.models.get(action.model)
+        if (spec is None or not isinstance(backend, Backend) or backend.model != action.model
+                or backend.container_id == self._dead or not self.kv.enabled(spec)):
+            return
+        try:
+            self.kv.save(spec, backend)
+        except Exception:           # KvCache.save never raises: a bug must not block the stop
+            log.exception("saving the prompt cache of %s failed", spec.id)
+
     def _stop(self, action: Action) -> None:
         """Stop the model's container; retried until the engine confirms (a
         stop that is not sure must never let the next model in). In a swap a
@@ -177,6 +220,7 @@ class Driver:
         self._drop_prepared()                           # an earlier one nobody loaded
         spec = self.registry.models.get(action.next_model or "")
         helper = self._spawn(self._prepare, spec) if spec is not None else None
+        self._save(action, backend)     # while the next container is created
         delay = 1.0
         while True:
             try:
@@ -307,6 +351,7 @@ class Driver:
                 break
             self._sleep(0.05)
         if not running and self.scheduler.crashed(backend, reason):
+            self._dead = backend.container_id
             log.error("model %s crashed: %s", backend.model, reason)
             self.metrics.crashed(backend.model)
         return running

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from common import metrics as common
@@ -58,6 +58,25 @@ class SwapperMetrics:
             "swapper_models_mapped", "Requests naming no registry model that a "
             "model_patterns entry answered (agents' own tier names), by pattern and the "
             "model used.", ("pattern", "model"), registry=r)
+        self._kv_bytes = Counter(
+            "swapper_kv_cache_bytes", "Bytes of llama.cpp slot state saved (a backend "
+            "stopping) and restored (a backend loaded), by model and direction.",
+            ("model", "direction"), registry=r)
+        self._kv_tokens = Counter(
+            "swapper_kv_cache_tokens", "Prompt tokens in the slots saved and restored, by "
+            "model and direction (restored: the prefix the next requests need not prefill).",
+            ("model", "direction"), registry=r)
+        self._kv_seconds = Histogram(
+            "swapper_kv_cache_seconds", "Seconds the save (before a stop) or the restore "
+            "(before admission) added, by model and direction.", ("model", "direction"),
+            buckets=common.LATENCY_BUCKETS, registry=r)
+        self._kv_failures = Counter(
+            "swapper_kv_cache_failures", "Slot saves and restores that did not happen, by "
+            "direction and reason (timeout, refused, unreachable, incomplete, disk, "
+            "mismatch, corrupt, crashed).", ("direction", "reason"), registry=r)
+        self._kv_disk = Gauge(
+            "swapper_kv_cache_disk_bytes", "Bytes of saved slot state on disk (all models).",
+            registry=r)
         # The children each request writes, looked up once per label values.
         self._requests_of = common.Children(self._requests)
         self._queue_wait_of = common.Children(self._queue_wait)
@@ -109,6 +128,21 @@ class SwapperMetrics:
     def crashed(self, model: str) -> None:
         """The resident backend was found dead."""
         self._crashes.labels(model).inc()
+
+    # ------------------------------------------------------------- kv cache
+    def kv_done(self, model: str, direction: str, nbytes: int, tokens: int,
+                seconds: float) -> None:
+        """Slots of `model` were saved or restored (`direction`)."""
+        self._kv_bytes.labels(model, direction).inc(nbytes)
+        self._kv_tokens.labels(model, direction).inc(tokens)
+        self._kv_seconds.labels(model, direction).observe(seconds)
+
+    def kv_failed(self, direction: str, reason: str) -> None:
+        """A slot's save or restore did not happen (the stop or the load went on)."""
+        self._kv_failures.labels(direction, reason).inc()
+
+    def kv_disk(self, nbytes: int) -> None:
+        self._kv_disk.set(nbytes)
 
     def response(self):
         return common.response(self.collectors)

@@ -53,6 +53,7 @@ MODEL_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "user": (str, False),
     "late_system": (str, False),
     "preserve_reasoning": (bool, False),
+    "kv_cache": (bool, False),
 }
 
 LATE_SYSTEM = ("convert", "merge", "keep")
@@ -101,6 +102,9 @@ class ModelSpec:
     vision: bool = False            # takes image parts (llama.cpp: has an --mmproj)
     late_system: str = "convert"    # system messages not first: convert | merge | keep (proxy/agents.py)
     preserve_reasoning: bool = False  # template keeps earlier turns' reasoning (preserve_thinking)
+    # Slots saved before the backend stops, restored when it is next loaded
+    # (llama.cpp only; the registry defaults it on for llamacpp models: docs/kv-cache.md).
+    kv_cache: bool = False
 
     def public(self) -> dict:
         """The entry /v1/models shows for this model."""
@@ -247,6 +251,9 @@ def _to_spec(model_id: str, raw: dict, where: str, kinds: dict, env: Mapping[str
     if values.get("late_system", "convert") not in LATE_SYSTEM:
         raise RegistryError(f"{where_m}: key 'late_system' must be one of "
                             f"{', '.join(LATE_SYSTEM)}, got {values['late_system']!r}")
+    if values.get("kv_cache") and kind != "llamacpp":
+        raise RegistryError(f"{where_m}: key 'kv_cache' is for llamacpp models only (vLLM has "
+                            f"no slot save/restore: docs/kv-cache.md)")
 
     port = values["port"]
     def fill(key: str) -> list[str]:
@@ -281,6 +288,7 @@ def _to_spec(model_id: str, raw: dict, where: str, kinds: dict, env: Mapping[str
         user=values.get("user") or None,
         late_system=values.get("late_system", "convert"),
         preserve_reasoning=values.get("preserve_reasoning", False),
+        kv_cache=values.get("kv_cache", kind == "llamacpp"),
     )
 
 

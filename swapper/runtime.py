@@ -37,7 +37,7 @@ import docker.types
 import docker.utils
 import requests
 
-from . import hostdir
+from . import hostdir, kvcache
 from .registry import ModelSpec, Registry
 from .settings import Settings
 
@@ -330,13 +330,18 @@ class DockerRuntime:
 
     def _create_args(self, spec: ModelSpec, name: str) -> dict:
         s = self.settings
+        command, volumes = list(spec.args), list(spec.volumes)
+        kv = kvcache.backend_mount(s, spec)      # its prompt cache folder (swapper/kvcache.py)
+        if kv is not None:
+            volumes.append(kv[0])
+            command += kv[1]
         args: dict = {
             "image": spec.image,
-            "command": list(spec.args),
+            "command": command,
             "name": name,
             "labels": {LABEL_STACK: s.STACK_NAME, LABEL_MODEL: spec.id, LABEL_ROLE: "backend"},
             "environment": dict(spec.env),
-            "volumes": [self._volume(v) for v in spec.volumes],
+            "volumes": [self._volume(v) for v in volumes],
             "ports": {f"{spec.port}/tcp": (s.BACKEND_BIND, s.BACKEND_PUBLISH_PORT)},
         }
         if spec.healthcheck:
@@ -370,6 +375,14 @@ class DockerRuntime:
         elif source.startswith("~"):
             source = os.path.expanduser(source)
         return source + sep + rest
+
+    def image_id(self, image: str) -> str | None:
+        """The id of the local image `image` (what a saved prompt cache is tied to)."""
+        try:
+            with _engine():
+                return self.client.images.get(image).id
+        except docker.errors.ImageNotFound:
+            return None
 
     def _has_image(self, spec: ModelSpec) -> bool:
         try:

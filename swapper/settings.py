@@ -44,6 +44,15 @@ class Settings:
     KEEPALIVE_INTERVAL: float = setting(5.0, min=0.05)
     PRELOAD: str | None = setting(None)         # loaded when the swapper starts
     IDLE_MODEL: str | None = setting(None)   # swapped back in after an idle_ttl
+    # llama.cpp prompt caches saved when a backend stops, restored when it is next
+    # loaded (swapper/kvcache.py, docs/kv-cache.md). KV_CACHE_DIR: the swapper's
+    # folder for them (unset: off). KV_CACHE_VOLUME: what backends mount for it (a
+    # host path, ./ relative to HOST_DIR, or a named Docker volume; unset: KV_CACHE_DIR).
+    KV_CACHE_DIR: str | None = setting(None)
+    KV_CACHE_VOLUME: str | None = setting(None)
+    KV_CACHE_MAX_GB: float = setting(20.0, min=0)       # total on disk; least recently used go
+    KV_CACHE_SAVE_TIMEOUT: float = setting(30.0, min=0)     # per stop, all slots; 0: never save
+    KV_CACHE_RESTORE_TIMEOUT: float = setting(30.0, min=0)  # per load, all slots; 0: never restore
     # The whole environment: backends/ interpolates ${VAR:-default} from it.
     env: Mapping[str, str] = setting({}, read=False, repr=False)
 

@@ -208,3 +208,117 @@ class FakeRuntime:
         for cid in gone:
             del self.containers[cid]
         return len(gone)
+
+
+class FakeSlotServer:
+    """llama-server's slot API on a loopback port, writing real files: `GET
+    /slots`, `/props`, `/v1/models`, `POST /slots/<id>?action=save|restore`
+    ({"filename"} under `folder`, as --slot-save-path). Each slot holds
+    `prompts[id]` tokens (0: never used); a saved file is that many tokens'
+    bytes (`bytes_per_token`). Levers: `save_status` / `restore_status` (an
+    HTTP error instead), `save_delay` (seconds a save takes), `short_write`
+    (bytes missing from a saved file while n_written tells them all),
+    `die_on_restore` (the server closes the connection, as an aborting
+    llama-server does). `calls` records (action, slot, filename); `restored`
+    maps a slot to the tokens it got back."""
+
+    def __init__(self, folder, slots: int = 2, model_path: str = "/models/m.gguf",
+                 build: str = "b1-test", bytes_per_token: int = 100):
+        import http.server
+        import json as _json
+        import os as _os
+        import time as _time
+        from urllib.parse import parse_qs, urlparse
+
+        self.folder = folder
+        self.prompts = {i: 0 for i in range(slots)}
+        self.model_path, self.build, self.bytes_per_token = model_path, build, bytes_per_token
+        self.save_status = self.restore_status = 200
+        self.save_delay = 0.0
+        self.short_write = 0
+        self.die_on_restore = False
+        self.calls: list[tuple[str, int, str]] = []
+        self.restored: dict[int, int] = {}
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, status, body):
+                data = _json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                path = urlparse(self.path).path
+                if path == "/slots":
+                    out = []
+                    for i, n in fake.prompts.items():
+                        s = {"id": i, "n_ctx": 1024, "is_processing": False}
+                        if n:
+                            s.update(id_task=i, n_prompt_tokens=n)
+                        out.append(s)
+                    return self._send(200, out)
+                if path == "/props":
+                    return self._send(200, {"model_path": fake.model_path,
+                                            "build_info": fake.build,
+                                            "total_slots": len(fake.prompts)})
+                if path == "/v1/models":
+                    return self._send(200, {"data": [{"id": "m", "meta": {"n_params": 1,
+                                                                           "size": 2}}]})
+                if path == "/health":
+                    return self._send(200, {"status": "ok"})
+                self._send(404, {"error": "no"})
+
+            def do_POST(self):
+                url = urlparse(self.path)
+                action = parse_qs(url.query).get("action", [""])[0]
+                sid = int(url.path.rsplit("/", 1)[1])
+                n = int(self.headers.get("Content-Length") or 0)
+                name = _json.loads(self.rfile.read(n) or b"{}").get("filename", "")
+                fake.calls.append((action, sid, name))
+                path = _os.path.join(str(fake.folder), name)
+                if action == "save":
+                    if fake.save_delay:
+                        _time.sleep(fake.save_delay)
+                    if fake.save_status != 200:
+                        return self._send(fake.save_status, {"error": "cannot save"})
+                    tokens = fake.prompts[sid]
+                    size = 8 + tokens * fake.bytes_per_token
+                    with open(path, "wb") as f:
+                        f.write(tokens.to_bytes(8, "little")
+                                + bytes([sid + 1]) * (size - 8 - fake.short_write))
+                    return self._send(200, {"id_slot": sid, "filename": name,
+                                            "n_saved": tokens, "n_written": size})
+                if action == "restore":
+                    if fake.die_on_restore:
+                        self.close_connection = True
+                        self.connection.close()
+                        return
+                    if fake.restore_status != 200 or not _os.path.exists(path):
+                        return self._send(400, {"error": {"message": "Unable to restore slot"}})
+                    with open(path, "rb") as f:
+                        data = f.read()
+                    tokens = int.from_bytes(data[:8], "little")
+                    fake.restored[sid] = tokens
+                    fake.prompts[sid] = tokens
+                    return self._send(200, {"id_slot": sid, "filename": name,
+                                            "n_restored": tokens, "n_read": len(data)})
+                self._send(400, {"error": "bad action"})
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._server.shutdown()
+        self._server.server_close()

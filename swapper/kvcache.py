@@ -1,0 +1,450 @@
+"""llama.cpp prompt caches across swaps: each slot that holds a prompt is saved
+before its backend stops, and restored when that model is next healthy, before
+its queue is admitted (the driver calls `save` and `restore`; docs/kv-cache.md).
+
+llama-server does the writing and the reading (`--slot-save-path DIR`, `POST
+/slots/{id}?action=save|restore {"filename"}`); this module owns the folder:
+
+- one folder per model under KV_CACHE_DIR, mounted into the backend at
+  /kvcache/<model>/ (`backend_mount`, used by the runtime's create);
+- a save goes to a temporary name (`tmp-slot<N>-<hex>.bin`); only once the call
+  returned 200 and the file holds every byte llama-server says it wrote is it
+  renamed to `slot<N>.bin`, its sha256 and what it is tied to in the sidecar
+  `slot<N>.json` (written after it, atomically). A backend killed mid-save leaves
+  a temporary file only, swept before the next restore;
+- a file is restored only when its sidecar matches the backend now running
+  (the image and its id, llama.cpp's build, the model file as llama-server
+  reports it, the KV-shaping flags: -m, -c, -ctk, -ctv, -np, -fa...), and its
+  size and sha256 are those saved: this llama-server ABORTS on a truncated file,
+  so nothing unchecked is ever handed to it. A mismatch, a corrupt file or a
+  restore the backend refuses discards the file;
+- the total is capped (KV_CACHE_MAX_GB): least recently used files go first.
+
+Nothing here may fail a stop or a load: every failure costs only the cache, is
+logged with its reason and counted (swapper_kv_cache_failures). Each direction
+is bounded in time (KV_CACHE_SAVE_TIMEOUT, KV_CACHE_RESTORE_TIMEOUT): past it the
+remaining slots are skipped (a save in progress is abandoned: the backend is
+killed and its temporary file never used).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import requests
+
+log = logging.getLogger("swapper.kvcache")
+
+CONTAINER_ROOT = "/kvcache"      # where backends see the cache folder
+CONNECT_SECONDS = 2.0
+HASH_CHUNK = 8 << 20             # bytes hashed between two yields (gevent: the hub runs)
+
+# Launch flags that shape the KV cache (or the file's meaning): a file saved
+# under other values is discarded. Short and long spellings of llama-server.
+KV_FLAGS = {
+    "-m": "model", "--model": "model",
+    "-c": "ctx", "--ctx-size": "ctx",
+    "-ctk": "cache_k", "--cache-type-k": "cache_k",
+    "-ctv": "cache_v", "--cache-type-v": "cache_v",
+    "-np": "parallel", "--parallel": "parallel",
+    "-fa": "flash_attn", "--flash-attn": "flash_attn",
+    "--override-kv": "override_kv",
+    "--kv-unified-per-slot": "per_slot",
+    "--rope-scaling": "rope", "--rope-freq-base": "rope_base", "--yarn-orig-ctx": "yarn",
+}
+KV_SWITCHES = {"--swa-full", "-kvu", "--kv-unified", "--no-kv-unified", "--no-kv-offload"}
+
+
+def enabled(settings, spec) -> bool:
+    return bool(settings.KV_CACHE_DIR) and spec.kind == "llamacpp" and spec.kv_cache
+
+
+def backend_mount(settings, spec) -> tuple[str, tuple[str, ...]] | None:
+    """(volume, extra args) a backend of `spec` is created with, its folder made
+    (writable by the backend's user); None when the cache is off for it or its
+    folder cannot be made (then it runs without: said once in the log)."""
+    if not enabled(settings, spec):
+        return None
+    folder = Path(settings.KV_CACHE_DIR) / spec.id
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o777)        # the backend runs as another uid (BACKEND_USER)
+    except OSError as e:
+        log.warning("model %s: no prompt cache across swaps: cannot make %s (%s)",
+                    spec.id, folder, e)
+        return None
+    source = settings.KV_CACHE_VOLUME or settings.KV_CACHE_DIR
+    inside = f"{CONTAINER_ROOT}/{spec.id}"
+    if "/" in source or source.startswith((".", "~")):     # a path: this model's folder only
+        volume = f"{source.rstrip('/')}/{spec.id}:{inside}"
+    else:                                                  # a named volume: all of it
+        volume = f"{source}:{CONTAINER_ROOT}"
+    return volume, ("--slot-save-path", inside + "/")
+
+
+def kv_flags(spec) -> dict:
+    """The KV-shaping launch flags of a model (args and LLAMA_ARG_* variables)."""
+    out: dict = {}
+    args = list(spec.args)
+    for i, a in enumerate(args):
+        if a in KV_FLAGS and i + 1 < len(args):
+            key = KV_FLAGS[a]
+            if key == "override_kv":
+                out.setdefault(key, []).append(args[i + 1])
+            else:
+                out[key] = args[i + 1]
+        elif a in KV_SWITCHES:
+            out[a.lstrip("-")] = True
+    for k, v in sorted(spec.env.items()):
+        if k.startswith("LLAMA_ARG_"):
+            out[k] = v
+    return out
+
+
+@dataclass
+class Outcome:
+    """What one save or restore did: for the event, the metrics and the tests."""
+    slots: list[int] = field(default_factory=list)
+    bytes: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)    # reasons
+    died: bool = False           # the backend stopped answering during a restore
+
+    def fields(self) -> dict:
+        out = {"slots": self.slots, "bytes": self.bytes, "tokens": self.tokens,
+               "seconds": round(self.seconds, 3)}
+        if self.failures:
+            out["failures"] = self.failures
+        return out
+
+
+class _Skip(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+class KvCache:
+    def __init__(self, settings, metrics, emit: Callable[..., None] | None = None,
+                 image_id: Callable[[str], str | None] | None = None,
+                 clock=time.monotonic, wall=time.time, pause=time.sleep):
+        self.settings = settings
+        self.metrics = metrics
+        self._emit = emit or (lambda event, **fields: None)
+        self._image_id = image_id
+        self._clock = clock
+        self._wall = wall
+        self._pause = pause                      # time.sleep(0): a gevent yield
+        self._http = requests.Session()
+        self._http.trust_env = False
+
+    @property
+    def root(self) -> Path:
+        return Path(self.settings.KV_CACHE_DIR or ".")
+
+    def enabled(self, spec) -> bool:
+        return enabled(self.settings, spec)
+
+    def folder(self, model: str) -> Path:
+        return self.root / model
+
+    # ------------------------------------------------------------ identity
+    def fingerprint(self, spec, backend, timeout: float) -> dict:
+        """What a saved file is tied to, as the running backend tells it."""
+        props = self._get(backend, "/props", timeout)
+        models = self._get(backend, "/v1/models", timeout)
+        meta = {}
+        data = models.get("data") or [{}]
+        for k in ("n_params", "size", "n_vocab", "n_embd", "n_ctx_train", "n_ctx"):
+            if k in (data[0].get("meta") or {}):
+                meta[k] = data[0]["meta"][k]
+        image_id = None
+        if self._image_id is not None:
+            try:
+                image_id = self._image_id(spec.image)
+            except Exception:            # the engine may be down: the tag still counts
+                image_id = None
+        return {"image": spec.image, "image_id": image_id, "build": props.get("build_info"),
+                "model_path": props.get("model_path"), "total_slots": props.get("total_slots"),
+                "meta": meta, "flags": kv_flags(spec)}
+
+    def _get(self, backend, path: str, timeout: float) -> dict:
+        r = self._http.get(backend.url + path, timeout=(CONNECT_SECONDS, max(timeout, 0.1)))
+        if r.status_code != 200:
+            raise _Skip("refused", f"GET {path}: HTTP {r.status_code}")
+        return r.json()
+
+    # ---------------------------------------------------------------- save
+    def save(self, spec, backend) -> Outcome:
+        """Save every slot of the running `backend` that holds a prompt (the
+        backend still answers: before its stop). Never raises."""
+        out = Outcome()
+        budget = self.settings.KV_CACHE_SAVE_TIMEOUT
+        if not self.enabled(spec) or budget <= 0:
+            return out
+        t0 = self._clock()
+        deadline = t0 + budget
+        folder = self.folder(spec.id)
+        self._emit("saving", model=spec.id, done=False)
+        try:
+            fp = self.fingerprint(spec, backend, budget)
+            slots = self._get(backend, "/slots", deadline - self._clock())
+        except Exception as e:
+            self._fail(out, "save", spec.id, _reason(e), f"cannot read its slots: {e}")
+            slots, fp = [], None
+        slots = slots if isinstance(slots, list) else []
+        # This build lists n_prompt_tokens for a slot once it served a request: one
+        # that never did holds nothing. A build that does not say: try them all (an
+        # empty slot saves 0 tokens, and that file is dropped).
+        told = any("n_prompt_tokens" in s for s in slots if isinstance(s, dict))
+        for slot in slots:
+            sid = slot.get("id") if isinstance(slot, dict) else None
+            if not isinstance(sid, int) or slot.get("is_processing"):
+                continue
+            if told and not slot.get("n_prompt_tokens"):
+                continue
+            left = deadline - self._clock()
+            if left <= 0:
+                self._fail(out, "save", spec.id, "timeout",
+                           f"slot {sid} not saved: KV_CACHE_SAVE_TIMEOUT ({budget:g} s) spent")
+                continue
+            try:
+                self._save_slot(spec, backend, folder, sid, fp, left, out)
+            except Exception as e:
+                self._fail(out, "save", spec.id, _reason(e), f"slot {sid} not saved: {e}")
+        out.seconds = self._clock() - t0
+        if out.slots:
+            self.metrics.kv_done(spec.id, "saved", out.bytes, out.tokens, out.seconds)
+            log.info("model %s: saved slot(s) %s (%d tokens, %.1f MB) in %.2f s", spec.id,
+                     out.slots, out.tokens, out.bytes / 1e6, out.seconds)
+        self.evict()
+        self._emit("saving", model=spec.id, done=True, **out.fields())
+        return out
+
+    def _save_slot(self, spec, backend, folder: Path, sid: int, fp: dict, left: float,
+                   out: Outcome) -> None:
+        tmp = folder / f"tmp-slot{sid}-{secrets.token_hex(4)}.bin"
+        try:
+            r = self._http.post(f"{backend.url}/slots/{sid}", params={"action": "save"},
+                                json={"filename": tmp.name},
+                                timeout=(CONNECT_SECONDS, left))
+            if r.status_code != 200:
+                raise _Skip("refused", f"HTTP {r.status_code}: {r.text[:200]}")
+            body = r.json()
+            saved, written = int(body.get("n_saved", 0)), int(body.get("n_written", -1))
+            if saved <= 0:
+                return                                   # an empty slot: nothing to keep
+            try:
+                size = tmp.stat().st_size
+            except OSError as e:
+                raise _Skip("disk", f"the saved file is not in {folder}: {e}") from None
+            if size != written:
+                raise _Skip("incomplete", f"{size} bytes on disk, llama-server wrote {written}")
+            digest = self._sha256(tmp)
+            final, sidecar = folder / f"slot{sid}.bin", folder / f"slot{sid}.json"
+            sidecar.unlink(missing_ok=True)      # an old sidecar never describes the new file
+            os.replace(tmp, final)
+            now = self._wall()
+            _write_json(sidecar, {"slot": sid, "bytes": size, "tokens": saved,
+                                  "sha256": digest, "fingerprint": fp,
+                                  "saved": now, "used": now})
+            out.slots.append(sid)
+            out.bytes += size
+            out.tokens += saved
+        finally:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+
+    # -------------------------------------------------------------- restore
+    def restore(self, spec, backend) -> Outcome:
+        """Restore the model's saved slots into the freshly healthy `backend`
+        (nothing admitted yet). Never raises; `died` when the backend stopped
+        answering meanwhile (its files are discarded)."""
+        out = Outcome()
+        budget = self.settings.KV_CACHE_RESTORE_TIMEOUT
+        if not self.enabled(spec) or budget <= 0:
+            return out
+        folder = self.folder(spec.id)
+        self._sweep_tmp(folder)
+        entries = self._entries(folder)
+        if not entries:
+            return out
+        t0 = self._clock()
+        deadline = t0 + budget
+        self._emit("restoring", model=spec.id, done=False)
+        try:
+            fp = self.fingerprint(spec, backend, budget)
+        except Exception as e:
+            self._fail(out, "restore", spec.id, _reason(e), f"cannot identify the backend: {e}")
+            fp = None
+            out.died = isinstance(e, requests.ConnectionError)
+        for sidecar, meta in entries if fp is not None else []:
+            sid = meta.get("slot") if isinstance(meta, dict) else None
+            final = folder / f"slot{sid}.bin"
+            left = deadline - self._clock()
+            try:
+                if left <= 0:
+                    raise _Skip("timeout", f"KV_CACHE_RESTORE_TIMEOUT ({budget:g} s) spent")
+                self._check(meta, final, fp)
+                r = self._http.post(f"{backend.url}/slots/{sid}", params={"action": "restore"},
+                                    json={"filename": final.name},
+                                    timeout=(CONNECT_SECONDS, left))
+                if r.status_code != 200:
+                    raise _Skip("refused", f"HTTP {r.status_code}: {r.text[:200]}")
+                body = r.json()
+                meta["used"] = self._wall()
+                _write_json(sidecar, meta)
+                out.slots.append(sid)
+                out.bytes += int(body.get("n_read", meta.get("bytes", 0)))
+                out.tokens += int(body.get("n_restored", 0))
+            except requests.ConnectionError as e:
+                self._discard(sidecar, final)
+                self._fail(out, "restore", spec.id, "crashed",
+                           f"slot {sid}: the backend stopped answering on its restore ({e}); "
+                           "its file is discarded")
+                out.died = True
+                break
+            except Exception as e:
+                reason = _reason(e)
+                if reason != "timeout":
+                    self._discard(sidecar, final)
+                self._fail(out, "restore", spec.id, reason, f"slot {sid} not restored: {e}")
+        out.seconds = self._clock() - t0
+        if out.slots:
+            self.metrics.kv_done(spec.id, "restored", out.bytes, out.tokens, out.seconds)
+            log.info("model %s: restored slot(s) %s (%d tokens, %.1f MB) in %.2f s", spec.id,
+                     out.slots, out.tokens, out.bytes / 1e6, out.seconds)
+        self._disk()
+        self._emit("restoring", model=spec.id, done=True, **out.fields())
+        return out
+
+    def _check(self, meta: dict, final: Path, fp: dict) -> None:
+        if meta.get("fingerprint") != fp:
+            theirs = meta.get("fingerprint") or {}
+            diff = sorted(k for k in set(fp) | set(theirs) if fp.get(k) != theirs.get(k))
+            raise _Skip("mismatch", f"saved for another backend (differs in {', '.join(diff)})")
+        try:
+            size = final.stat().st_size
+        except OSError:
+            raise _Skip("corrupt", f"{final.name} is missing") from None
+        if size != meta.get("bytes"):
+            raise _Skip("corrupt", f"{final.name} has {size} bytes, {meta.get('bytes')} saved")
+        if self._sha256(final) != meta.get("sha256"):
+            raise _Skip("corrupt", f"{final.name} is not the file saved (sha256 differs)")
+
+    # ---------------------------------------------------------------- files
+    def _entries(self, folder: Path) -> list[tuple[Path, dict]]:
+        out = []
+        for sidecar in sorted(folder.glob("slot*.json")):
+            try:
+                meta = json.loads(sidecar.read_text())
+                if not isinstance(meta, dict) or not isinstance(meta.get("slot"), int):
+                    raise ValueError("not a sidecar")
+            except (OSError, ValueError) as e:
+                log.warning("discarding %s: %s", sidecar, e)
+                self.metrics.kv_failed("restore", "corrupt")
+                self._discard(sidecar, sidecar.with_suffix(".bin"))
+                continue
+            out.append((sidecar, meta))
+        return out
+
+    def _sweep_tmp(self, folder: Path) -> None:
+        """Temporary files of saves that never completed (the backend that wrote
+        them is gone: one backend at a time)."""
+        for tmp in folder.glob("tmp-*"):
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+
+    def _discard(self, *paths: Path) -> None:
+        for p in paths:
+            try:
+                p.unlink(missing_ok=True)
+            except OSError as e:
+                log.warning("cannot remove %s: %s", p, e)
+
+    def usage(self) -> list[tuple[float, int, Path, Path]]:
+        """(last used, bytes, sidecar, file) of every saved slot of every model;
+        a file without a sidecar counts too (oldest: it goes first)."""
+        out = []
+        for final in self.root.glob("*/slot*.bin"):
+            sidecar = final.with_suffix(".json")
+            try:
+                size = final.stat().st_size
+            except OSError:
+                continue
+            try:
+                used = float(json.loads(sidecar.read_text()).get("used", 0))
+            except (OSError, ValueError, AttributeError, TypeError):
+                used = 0.0
+            out.append((used, size, sidecar, final))
+        return sorted(out, key=lambda e: (e[0], str(e[3])))
+
+    def evict(self) -> int:
+        """Remove the least recently used files until the total fits
+        KV_CACHE_MAX_GB. Returns the bytes left on disk."""
+        entries = self.usage()
+        total = sum(e[1] for e in entries)
+        cap = self.settings.KV_CACHE_MAX_GB * 1e9
+        for used, size, sidecar, final in entries:
+            if total <= cap:
+                break
+            log.info("prompt cache over KV_CACHE_MAX_GB (%g): evicting %s (%.1f MB)",
+                     self.settings.KV_CACHE_MAX_GB, final, size / 1e6)
+            self._discard(sidecar, final)
+            total -= size
+        self.metrics.kv_disk(total)
+        return total
+
+    def _disk(self) -> None:
+        try:
+            self.metrics.kv_disk(sum(e[1] for e in self.usage()))
+        except OSError:
+            pass
+
+    def _sha256(self, path: Path) -> str:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            while True:
+                chunk = f.read(HASH_CHUNK)
+                if not chunk:
+                    return h.hexdigest()
+                h.update(chunk)
+                self._pause(0)
+
+    def _fail(self, out: Outcome, direction: str, model: str, reason: str, detail: str) -> None:
+        log.warning("model %s: prompt cache %s: %s (%s); the %s goes on", model,
+                    "save" if direction == "save" else "restore", detail, reason,
+                    "stop" if direction == "save" else "load")
+        out.failures.append(reason)
+        self.metrics.kv_failed(direction, reason)
+
+
+def _reason(e: Exception) -> str:
+    if isinstance(e, _Skip):
+        return e.reason
+    if isinstance(e, requests.Timeout):
+        return "timeout"
+    if isinstance(e, requests.ConnectionError):
+        return "unreachable"
+    if isinstance(e, OSError):
+        return "disk"
+    return "refused"
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Atomically: a temporary file renamed into place."""
+    tmp = path.with_name(f"tmp-{path.name}-{secrets.token_hex(4)}")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    os.replace(tmp, path)

@@ -1,0 +1,356 @@
+"""Prompt caches across swaps (swapper/kvcache.py) on the fake runtime, with a
+fake llama-server slot API that writes real files: each slot holding a prompt
+is saved before the stop of a swap, an /unload and an idle TTL, while the old
+backend still answers; restored when the model is next healthy, before its
+queue is admitted; a failed or slow save never blocks the swap; the cap evicts
+the least recently used; a file tied to another backend (build, flags), a
+corrupt, truncated or half-written one is never handed to the backend; a
+backend that dies on a restore is started again without it."""
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from swapper import kvcache
+from swapper.driver import Driver
+from swapper.metrics import SwapperMetrics
+from swapper.registry import ModelSpec, Registry, RegistryError
+from swapper.runtime import DockerRuntime
+from swapper.scheduler import Scheduler
+from swapper.settings import Settings
+from tests.support.fake_runtime import FakeRuntime, FakeSlotServer
+
+def sample(registry, name, **labels):
+    return registry.get_sample_value(name, labels)
+
+
+ARGS = ("-m", "/models/m.gguf", "-c", "2048", "--parallel", "2", "-t", "1")
+
+
+def spec(model_id, idle_ttl=0.0, args=ARGS, kv=True, slots=2):
+    return ModelSpec(id=model_id, kind="llamacpp", image="llama:1", port=8080,
+                     health_path="/health", start_timeout=10, slots=slots, source="test",
+                     idle_ttl=idle_ttl, args=args, kv_cache=kv)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def inline(fn, *args):
+    fn(*args)
+    return SimpleNamespace(join=lambda: None)
+
+
+def make(tmp_path, servers, models=None, **settings):
+    clock = Clock()
+    models = models or {m.id: m for m in (spec("a"), spec("b"), spec("ttl", idle_ttl=30))}
+    sched = Scheduler(lambda m: models[m].slots, clock=clock)
+    runtime = FakeRuntime({m: s.url for m, s in servers.items()})
+    s = Settings(KV_CACHE_DIR=str(tmp_path), **settings)
+    metrics = SwapperMetrics()
+    events = []
+    sched.subscribe(lambda e, f: events.append((e, f)))
+    driver = Driver(sched, runtime, SimpleNamespace(models=models), s, metrics,
+                    sleep=clock.sleep, clock=clock, spawn=inline)
+    return SimpleNamespace(sched=sched, runtime=runtime, driver=driver, clock=clock,
+                           metrics=metrics, events=events, root=tmp_path, models=models)
+
+
+def turn(w, n=1):
+    for _ in range(n):
+        w.driver.step(timeout=0)
+
+
+@pytest.fixture
+def servers(tmp_path):
+    out = {}
+    for m in ("a", "b", "ttl"):
+        (tmp_path / m).mkdir()
+        out[m] = FakeSlotServer(tmp_path / m).__enter__()
+    yield out
+    for s in out.values():
+        s.__exit__(None, None, None)
+
+
+def serve(w, model, slot_tokens: dict):
+    """Admit a request for `model` (loading it), and let its slots hold prompts."""
+    t = w.sched.submit(model)
+    turn(w, 3)
+    assert t.state == "admitted", t.error
+    w.sched.release(t)
+    w.servers[model].prompts.update(slot_tokens)
+
+
+def fresh(server):
+    """A new backend process: its slots hold nothing."""
+    for i in server.prompts:
+        server.prompts[i] = 0
+    server.restored.clear()
+
+
+def files(folder: Path):
+    return sorted(p.name for p in folder.iterdir())
+
+
+@pytest.fixture
+def w(tmp_path, servers):
+    w = make(tmp_path, servers)
+    w.servers = servers
+    return w
+
+
+def failures(w, direction, reason):
+    return sample(w.metrics.collectors, "swapper_kv_cache_failures_total",
+                  direction=direction, reason=reason) or 0
+
+
+def test_a_swap_saves_the_slots_holding_a_prompt_before_the_stop(w):
+    serve(w, "a", {1: 40})                     # slot 0 never used
+    seen = {}
+    stop = w.runtime.stop
+
+    def watched_stop(target):
+        seen["files"] = files(w.root / "a")    # what was on disk when the kill came
+        return stop(target)
+    w.runtime.stop = watched_stop
+    b = w.sched.submit("b")
+    turn(w, 3)
+    assert b.state == "admitted"
+    assert seen["files"] == ["slot1.bin", "slot1.json"]
+    assert [c[:2] for c in w.servers["a"].calls] == [("save", 1)]
+    assert w.servers["a"].calls[0][2].startswith("tmp-slot1-")    # saved under a temporary name
+    meta = json.loads((w.root / "a" / "slot1.json").read_text())
+    assert meta["tokens"] == 40 and meta["bytes"] == (w.root / "a" / "slot1.bin").stat().st_size
+    assert meta["fingerprint"]["flags"] == {"model": "/models/m.gguf", "ctx": "2048",
+                                            "parallel": "2"}
+    assert meta["fingerprint"]["build"] == "b1-test"
+    saving = [f for e, f in w.events if e == "saving" and f.get("done")]
+    assert len(saving) == 1 and saving[0].pop("seconds") < 5
+    assert saving == [{"model": "a", "done": True, "slots": [1], "tokens": 40,
+                       "bytes": meta["bytes"]}]
+    assert sample(w.metrics.collectors, "swapper_kv_cache_bytes_total", model="a",
+                  direction="saved") == meta["bytes"]
+
+
+def test_the_way_back_restores_them_before_the_queue_is_admitted(w):
+    serve(w, "a", {0: 30, 1: 40})
+    serve(w, "b", {0: 5})
+    fresh(w.servers["a"])
+    restored_at_admission = {}
+    load_done = w.sched.load_done
+
+    def watched(epoch, backend=None, error=None):
+        restored_at_admission.update(w.servers["a"].restored)
+        return load_done(epoch, backend=backend, error=error)
+    w.sched.load_done = watched
+    t = w.sched.submit("a")
+    turn(w, 3)
+    assert t.state == "admitted"
+    assert restored_at_admission == {0: 30, 1: 40}
+    assert [c[:2] for c in w.servers["a"].calls if c[0] == "restore"] == [("restore", 0),
+                                                                          ("restore", 1)]
+    restoring = [f for e, f in w.events if e == "restoring" and f.get("done")]
+    assert restoring[-1]["slots"] == [0, 1] and restoring[-1]["tokens"] == 70
+    assert sample(w.metrics.collectors, "swapper_kv_cache_tokens_total", model="a",
+                  direction="restored") == 70
+
+
+def test_unload_and_idle_ttl_save_too(w):
+    serve(w, "a", {0: 12})
+    u = w.sched.submit(None)
+    turn(w, 2)
+    assert u.state == "done"
+    assert "slot0.bin" in files(w.root / "a")
+    serve(w, "ttl", {0: 9})
+    w.clock.now += 31
+    turn(w, 2)                                 # the watch expires it, then the stop
+    assert w.sched.model is None
+    assert files(w.root / "ttl") == ["slot0.bin", "slot0.json"]
+
+
+def test_a_refused_save_costs_only_the_cache(w):
+    serve(w, "a", {0: 12})
+    w.servers["a"].save_status = 500
+    b = w.sched.submit("b")
+    turn(w, 3)
+    assert b.state == "admitted"
+    assert files(w.root / "a") == []
+    assert failures(w, "save", "refused") == 1
+
+
+def test_a_save_past_its_time_is_abandoned_and_the_swap_goes_on(tmp_path, servers):
+    w = make(tmp_path, servers, KV_CACHE_SAVE_TIMEOUT=0.3)
+    w.servers = servers
+    serve(w, "a", {0: 12, 1: 13})
+    servers["a"].save_delay = 1.0
+    b = w.sched.submit("b")
+    import time
+    t0 = time.monotonic()
+    turn(w, 3)
+    assert time.monotonic() - t0 < 0.9
+    assert b.state == "admitted"
+    assert failures(w, "save", "timeout") == 2      # the first abandoned, the second skipped
+    assert not list((tmp_path / "a").glob("slot*"))
+
+
+def test_a_half_written_file_is_never_kept(w):
+    serve(w, "a", {0: 12})
+    w.servers["a"].short_write = 10            # n_written says more than the file holds
+    turn_b = w.sched.submit("b")
+    turn(w, 3)
+    assert turn_b.state == "admitted"
+    assert files(w.root / "a") == [] and failures(w, "save", "incomplete") == 1
+
+
+def test_a_temporary_file_left_by_a_killed_save_is_swept_not_restored(w):
+    serve(w, "a", {0: 12})
+    w.servers["a"].save_status = 500           # no complete save: only the killed one's file
+    serve(w, "b", {})
+    (w.root / "a" / "tmp-slot0-deadbeef.bin").write_bytes(b"x" * 100)
+    fresh(w.servers["a"])
+    t = w.sched.submit("a")
+    turn(w, 3)
+    assert t.state == "admitted"
+    assert not [c for c in w.servers["a"].calls if c[0] == "restore"]
+    assert files(w.root / "a") == []
+
+
+def _saved_then_back(w, tamper):
+    serve(w, "a", {0: 30})
+    serve(w, "b", {})
+    tamper(w.root / "a")
+    fresh(w.servers["a"])
+    t = w.sched.submit("a")
+    turn(w, 3)
+    assert t.state == "admitted"
+    return [c for c in w.servers["a"].calls if c[0] == "restore"]
+
+
+def test_a_corrupt_file_is_never_handed_to_the_backend(w):
+    def flip(folder):
+        p = folder / "slot0.bin"
+        data = bytearray(p.read_bytes())
+        data[100] ^= 0xFF
+        p.write_bytes(bytes(data))
+    assert _saved_then_back(w, flip) == []
+    assert failures(w, "restore", "corrupt") == 1 and files(w.root / "a") == []
+
+
+def test_a_truncated_file_is_never_handed_to_the_backend(w):
+    def truncate(folder):
+        p = folder / "slot0.bin"
+        p.write_bytes(p.read_bytes()[:50])
+    assert _saved_then_back(w, truncate) == []
+    assert failures(w, "restore", "corrupt") == 1
+
+
+def test_a_broken_sidecar_is_discarded(w):
+    assert _saved_then_back(w, lambda f: (f / "slot0.json").write_text("{half")) == []
+    assert files(w.root / "a") == []
+
+
+def test_another_llama_cpp_build_discards_the_files(w):
+    assert _saved_then_back(w, lambda f: setattr(w.servers["a"], "build", "b2-other")) == []
+    assert failures(w, "restore", "mismatch") == 1 and files(w.root / "a") == []
+
+
+def test_other_kv_flags_discard_the_files(w):
+    def change_context(folder):
+        w.models["a"] = spec("a", args=("-m", "/models/m.gguf", "-c", "4096", "--parallel", "2"))
+    assert _saved_then_back(w, change_context) == []
+    assert failures(w, "restore", "mismatch") == 1
+
+
+def test_a_restore_the_backend_refuses_is_skipped(w):
+    def refuse(folder):
+        w.servers["a"].restore_status = 400
+    calls = _saved_then_back(w, refuse)
+    assert len(calls) == 1 and w.servers["a"].restored == {}
+    assert failures(w, "restore", "refused") == 1 and files(w.root / "a") == []
+
+
+def test_a_backend_that_dies_on_a_restore_is_started_again_without_it(w):
+    def die(folder):
+        w.servers["a"].die_on_restore = True
+    _saved_then_back(w, die)
+    starts = [c for c in w.runtime.calls if c == ("start", "a")]
+    assert len(starts) == 3                    # first load, the one that died, again
+    assert failures(w, "restore", "crashed") == 1 and files(w.root / "a") == []
+
+
+def test_a_crashed_backend_is_not_saved(w):
+    serve(w, "a", {0: 12})
+    w.runtime.kill("a")
+    turn(w, 2)                                 # the watch notices, then the stop
+    assert not [c for c in w.servers["a"].calls if c[0] == "save"]
+
+
+def test_the_cap_evicts_the_least_recently_used(tmp_path, servers):
+    for s in servers.values():
+        s.bytes_per_token = 1000               # 100 tokens: ~100 kB a file
+    w = make(tmp_path, servers, KV_CACHE_MAX_GB=0.00025)     # 250 kB: two files fit
+    w.servers = servers
+    serve(w, "a", {0: 100})
+    w.clock.now += 1
+    serve(w, "b", {0: 100})                     # a saved
+    serve(w, "ttl", {0: 100})                   # b saved
+    w.sched.submit(None)
+    turn(w, 2)                                 # ttl saved: a (the oldest) goes
+    assert files(tmp_path / "a") == []
+    assert files(tmp_path / "b") == files(tmp_path / "ttl") == ["slot0.bin", "slot0.json"]
+    assert sample(w.metrics.collectors, "swapper_kv_cache_disk_bytes") == 2 * (8 + 100_000)
+
+
+def test_off_without_a_folder_or_for_a_model_that_says_so(tmp_path, servers):
+    models = {"a": spec("a", kv=False), "b": spec("b")}
+    w = make(tmp_path, servers, models=models)
+    w.servers = servers
+    serve(w, "a", {0: 10})
+    serve(w, "b", {0: 10})
+    assert not servers["a"].calls
+    assert not kvcache.enabled(Settings(), spec("b"))
+
+
+# ----------------------------------------------------------- registry, runtime
+
+def test_registry_default_is_on_for_llamacpp_off_for_vllm(tmp_path):
+    (tmp_path / "kinds").mkdir()
+    (tmp_path / "models").mkdir()
+    common = "port: 8080\nhealth_path: /health\nstart_timeout: 10\nslots: 1\nimage: i\n"
+    (tmp_path / "kinds" / "llamacpp.yaml").write_text("kind: llamacpp\n" + common)
+    (tmp_path / "kinds" / "vllm.yaml").write_text("kind: vllm\n" + common)
+    (tmp_path / "models" / "m.yaml").write_text(
+        "models:\n  l: {kind: llamacpp}\n  nope: {kind: llamacpp, kv_cache: false}\n"
+        "  v: {kind: vllm}\n")
+    reg = Registry.load(tmp_path, env={})
+    assert (reg.models["l"].kv_cache, reg.models["nope"].kv_cache, reg.models["v"].kv_cache) \
+        == (True, False, False)
+    (tmp_path / "models" / "m.yaml").write_text("models:\n  v: {kind: vllm, kv_cache: true}\n")
+    with pytest.raises(RegistryError, match="kv_cache"):
+        Registry.load(tmp_path, env={})
+
+
+def test_the_backend_gets_its_folder_and_the_save_path(tmp_path):
+    s = Settings(STACK_NAME="st", HOST_DIR="/srv/stack", KV_CACHE_DIR=str(tmp_path))
+    args = DockerRuntime(s, SimpleNamespace(models={}))._create_args(spec("a"), "n")
+    assert args["command"][-2:] == ["--slot-save-path", "/kvcache/a/"]
+    assert args["volumes"][-1] == f"{tmp_path}/a:/kvcache/a"
+    assert (tmp_path / "a").is_dir() and os.stat(tmp_path / "a").st_mode & 0o777 == 0o777
+    named = Settings(KV_CACHE_DIR=str(tmp_path), KV_CACHE_VOLUME="st-kvcache")
+    args = DockerRuntime(named, SimpleNamespace(models={}))._create_args(spec("a"), "n")
+    assert args["volumes"][-1] == "st-kvcache:/kvcache"
+    rel = Settings(HOST_DIR="/srv/stack", KV_CACHE_DIR=str(tmp_path), KV_CACHE_VOLUME="./kv")
+    args = DockerRuntime(rel, SimpleNamespace(models={}))._create_args(spec("a"), "n")
+    assert args["volumes"][-1] == "/srv/stack/kv/a:/kvcache/a"
+    off = DockerRuntime(Settings(), SimpleNamespace(models={}))._create_args(spec("a"), "n")
+    assert "--slot-save-path" not in off["command"]
