@@ -461,8 +461,10 @@ class Answer(requests.Response):
             self._content = b"".join(self.iter_content())
         return self._content
 
-    def _pieces(self) -> Iterator[bytes]:
-        conn = self._conn
+    def _pieces(self, conn: "Connection | None" = None) -> Iterator[bytes]:
+        """The body's payload from `conn` (default: the answer's), one piece
+        per receive; pools or closes the connection at the body's end."""
+        conn = conn or self._conn
         if conn is None:
             return
         h, sock = conn.h11, conn.sock
@@ -529,13 +531,15 @@ class Answer(requests.Response):
         the connection goes back to the pool. More payload, or a server that
         does not end the body, closes it. Like close(), the answer is done with
         at once: close() after end() does nothing."""
-        conn, body, self._conn = self._conn, self._body, None
+        conn, self._conn = self._conn, None
         if conn is None:
             return                          # read to its end (and pooled), or closed
-        if body is None or self._coding != "identity":
+        if self._body is None or self._coding != "identity":
             conn.close()
             return
-        _background(_finish, conn, body)
+        # A reader of its own: the caller's may be closed meanwhile (a generator
+        # around it that ends), and closing it must not take the rest's reader.
+        _background(_finish, conn, self._pieces(conn))
 
 
 def _finish(conn: Connection, body: Iterator[bytes]) -> None:

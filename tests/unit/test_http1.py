@@ -125,6 +125,29 @@ def test_a_stream_ended_at_its_done_keeps_its_connection(scripted, last):
     assert srv.connections == 1
 
 
+def test_a_stream_ended_then_its_readers_closed_still_pools_its_connection(scripted):
+    """The relays read a body through generators of their own, which close when
+    they end: that must not take the rest's reader with them. It did: the
+    connection was neither pooled nor closed (a socket leaked per stream)."""
+    srv = scripted([SSE_HEAD + b"a\r\ndata: {}\n\n\r\n" + DONE, 0.1, b"0\r\n\r\n"], OK)
+    c = Client()
+    r = c.request("POST", srv.url + "/v1/chat/completions", body=b"{}")
+
+    def relay():
+        yield from r.iter_content()
+    outer = relay()
+    got = b""
+    for piece in outer:
+        got += piece
+        if got.endswith(b"data: [DONE]\n\n"):
+            break
+    r.end()
+    outer.close()             # GeneratorExit through the body's own reader
+    wait_until(lambda: any(c._idle.values()), "the connection back in the pool")
+    assert c.request("GET", srv.url + "/").content == b"ok"
+    assert srv.connections == 1
+
+
 @pytest.mark.parametrize("rest", [
     b"a\r\ndata: {}\n\n\r\n0\r\n\r\n",             # payload after the end: not dropped silently
     None,                                        # the server hangs up instead of ending
