@@ -5,12 +5,11 @@ truncated body that looked complete."""
 from __future__ import annotations
 
 import socket
-import threading
 
 import pytest
 
 from tests.support.proxyproc import ProxyProcess
-from tests.support.servers import accepted
+from tests.support.servers import RawServer
 
 HEALTH = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}'
 ANSWERS = {   # path -> what the upstream sends before it hangs up
@@ -25,42 +24,23 @@ ANSWERS = {   # path -> what the upstream sends before it hangs up
 }
 
 
-class BreakingUpstream:
+class BreakingUpstream(RawServer):
     """Answers /healthz, and each path of ANSWERS with its bytes, then hangs up."""
 
-    def __init__(self):
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        for conn in accepted(self.sock):
-            threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
-
-    def _conn(self, conn):
-        with conn:
-            buf = b""
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, buf = buf.split(b"\r\n\r\n", 1)
-                path = head.split(b" ")[1]
-                if path not in ANSWERS:
-                    conn.sendall(HEALTH)
-                    continue
-                conn.sendall(ANSWERS[path])
-                return
-
+    def answer(self, conn, head: bytes, body: bytes) -> bool:
+        path = head.split(b" ")[1]
+        if path not in ANSWERS:
+            conn.sendall(HEALTH)
+            return True
+        conn.sendall(ANSWERS[path])
+        return False
 
 @pytest.fixture(scope="module")
 def proxy():
     up = BreakingUpstream()
     with ProxyProcess(BACKEND_URL=up.url, WEB_SEARCH=0, MODELS_TTL=0) as p:
         yield p
-    up.sock.close()
+    up.close()
 
 
 def raw_get(port: int, path: str) -> bytes:

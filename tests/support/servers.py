@@ -159,17 +159,13 @@ def close_socket(s: socket.socket) -> None:
         pass
 
 
-class Scripted:
-    """Answers the requests on each connection with the next scripted answers
-    (bytes sent as they are; a list: pieces, each sent on its own, `pause`
-    apart; None: hang up; a float: pause that long). Records request heads and
-    bodies, and counts connections."""
+class RawServer:
+    """A loopback server that speaks raw HTTP/1.1 bytes: each connection's
+    requests (head, Content-Length body) go to `answer(conn, head, body)`, which
+    writes what it likes and returns whether to read the next request on that
+    connection. Counts connections; `more()` is asked before each read."""
 
-    def __init__(self, *answers, pause: float = 0.01):
-        self.answers = list(answers)
-        self.pause = pause
-        self.heads: list[bytes] = []
-        self.bodies: list[bytes] = []
+    def __init__(self):
         self.connections = 0
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -183,7 +179,7 @@ class Scripted:
     def _conn(self, conn):
         with conn:
             buf = b""
-            while self.answers:
+            while self.more():
                 while b"\r\n\r\n" not in buf:
                     data = conn.recv(65536)
                     if not data:
@@ -196,20 +192,49 @@ class Scripted:
                         length = int(line.split(b":")[1])
                 while len(buf) < length:
                     buf += conn.recv(65536)
-                self.heads.append(head)
-                self.bodies.append(buf[:length])
-                buf = buf[length:]
-                answer = self.answers.pop(0)
-                if answer is None:
+                body, buf = buf[:length], buf[length:]
+                if not self.answer(conn, head, body):
                     return
-                for piece in answer if isinstance(answer, list) else [answer]:
-                    if piece is None:
-                        return
-                    if isinstance(piece, float):
-                        time.sleep(piece)
-                        continue
-                    conn.sendall(piece)
-                    time.sleep(self.pause)
+
+    def more(self) -> bool:
+        return True
+
+    def answer(self, conn, head: bytes, body: bytes) -> bool:
+        raise NotImplementedError
 
     def close(self):
         self.sock.close()
+
+
+class Scripted(RawServer):
+    """Answers the requests on each connection with the next scripted answers
+    (bytes sent as they are; a list: pieces, each sent on its own, `pause`
+    apart; None: hang up; a float: pause that long). Records request heads and
+    bodies, and counts connections."""
+
+    def __init__(self, *answers, pause: float = 0.01):
+        self.answers = list(answers)
+        self.pause = pause
+        self.heads: list[bytes] = []
+        self.bodies: list[bytes] = []
+        super().__init__()
+
+    def more(self) -> bool:
+        return bool(self.answers)
+
+    def answer(self, conn, head: bytes, body: bytes) -> bool:
+        self.heads.append(head)
+        self.bodies.append(body)
+        answer = self.answers.pop(0)
+        if answer is None:
+            return False
+        for piece in answer if isinstance(answer, list) else [answer]:
+            if piece is None:
+                return False
+            if isinstance(piece, float):
+                time.sleep(piece)
+                continue
+            conn.sendall(piece)
+            time.sleep(self.pause)
+        return True
+

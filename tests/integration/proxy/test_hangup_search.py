@@ -9,21 +9,19 @@ backend's connection within a few seconds (it checks its client once a second), 
 a backend stops generating instead of holding its slot until max_tokens."""
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import pytest
 
 from tests.support.proxyproc import ProxyProcess
 from tests.support.searxng import FakeSearxng
-from tests.support.servers import accepted, post_and_abandon, wait_until
+from tests.support.servers import RawServer, post_and_abandon, wait_until
 
 MODEL_PATHS = (b"/v1/chat/completions", b"/v1/messages", b"/v1/responses")
 LISTING = b'{"object": "list", "data": []}'
 
 
-class Holding:
+class Holding(RawServer):
     """Answers /v1/models and /healthz; holds every model request open, unanswered
     (after an event-stream head when `head` is set and the request streams), and
     records when the proxy closes its connection."""
@@ -31,49 +29,26 @@ class Holding:
     def __init__(self):
         self.head = False
         self.held: list[dict] = []          # {"path", "opened", "closed"}
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self):
-        for conn in accepted(self.sock):
-            threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
-
-    def _conn(self, conn):
-        with conn:
-            buf = b""
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, buf = buf.split(b"\r\n\r\n", 1)
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                while len(buf) < length:
-                    buf += conn.recv(65536)
-                body, buf = buf[:length], buf[length:]
-                path = head.split(b" ")[1]
-                if path not in MODEL_PATHS:
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                 b"Content-Length: %d\r\n\r\n%s" % (len(LISTING), LISTING))
-                    continue
-                rec = {"path": path.decode(), "opened": time.monotonic(), "closed": None}
-                self.held.append(rec)
-                if self.head and b'"stream": true' in body:
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                                 b"Transfer-Encoding: chunked\r\n\r\n")
-                try:
-                    while conn.recv(65536):          # the proxy sends nothing more
-                        pass
-                except OSError:
-                    pass
-                rec["closed"] = time.monotonic()
-                return
-
+    def answer(self, conn, head: bytes, body: bytes) -> bool:
+        path = head.split(b" ")[1]
+        if path not in MODEL_PATHS:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(LISTING), LISTING))
+            return True
+        rec = {"path": path.decode(), "opened": time.monotonic(), "closed": None}
+        self.held.append(rec)
+        if self.head and b'"stream": true' in body:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n")
+        try:
+            while conn.recv(65536):          # the proxy sends nothing more
+                pass
+        except OSError:
+            pass
+        rec["closed"] = time.monotonic()
+        return False
 
 @pytest.fixture(scope="module")
 def backend():

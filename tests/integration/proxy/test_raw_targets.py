@@ -7,52 +7,28 @@ The real server (`python -m proxy`: gunicorn + gevent) in front of an upstream
 that records each request line exactly as it arrived."""
 from __future__ import annotations
 
-import socket
-import threading
 
 import pytest
 
 from tests.support.proxyproc import ProxyProcess
 from tests.support.rawhttp import send
-from tests.support.servers import accepted
+from tests.support.servers import RawServer
 
 OK = b'{"ok": true}'
 
 
-class Recorder:
+class Recorder(RawServer):
     """Answers every request 200 and records its request line, as bytes."""
 
     def __init__(self):
         self.lines: list[bytes] = []
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self):
-        for conn in accepted(self.sock):
-            threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
-
-    def _conn(self, conn):
-        with conn:
-            buf = b""
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, buf = buf.split(b"\r\n\r\n", 1)
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                while len(buf) < length:
-                    buf += conn.recv(65536)
-                buf = buf[length:]
-                self.lines.append(head.split(b"\r\n")[0])
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(OK), OK))
-
+    def answer(self, conn, head: bytes, body: bytes) -> bool:
+        self.lines.append(head.split(b"\r\n")[0])
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(OK), OK))
+        return True
 
 @pytest.fixture(scope="module")
 def stack():
