@@ -291,7 +291,8 @@ class MessagesAdapter(Adapter):
         self.started = False                # stream: message_start sent
         self.nxt = 0                        # stream: the client's next block index
         self.stop: dict = {}                # stream: the round's message_delta
-        self.inp = self.out = 0
+        self.inp = self.out = 0             # the last round's input, every round's output
+        self.cache: dict = {}               # the last round's cache_*_input_tokens
 
     def round_body(self, stream: bool) -> dict:
         b = dict(self.body)                 # the client's key order: a stable prompt
@@ -343,8 +344,21 @@ class MessagesAdapter(Adapter):
         self.nxt += 2 * len(searches)
         return b"".join(out)
 
+    def _round_usage(self, u) -> None:
+        """One round's usage: its prompt side (input_tokens, the cache_* counts) is
+        what the client gets (the conversation as the model last read it, what a
+        direct request reports; Claude Code sizes its context from it), its
+        output_tokens add to the rounds' (see chat._usage_add)."""
+        if not isinstance(u, dict):
+            return
+        if isinstance(u.get("input_tokens"), int):
+            self.inp = u["input_tokens"]
+        cache = {k: v for k, v in u.items() if k.startswith("cache_") and isinstance(v, int)}
+        if cache:
+            self.cache = cache
+
     def _usage(self) -> dict:
-        return {"input_tokens": self.inp, "output_tokens": self.out,
+        return {"input_tokens": self.inp, **self.cache, "output_tokens": self.out,
                 "server_tool_use": {"web_search_requests": self.searcher.searches}}
 
     def _cited(self, b: dict, text: str) -> list[dict]:
@@ -365,7 +379,8 @@ class MessagesAdapter(Adapter):
         self.head = self.head or msg
         self.last, self.blocks = msg, blocks
         turn = turn_of(blocks, msg.get("stop_reason"), msg.get("usage"))
-        self.inp += turn.usage_in
+        self.cache = {}
+        self._round_usage(msg.get("usage"))
         self.out += turn.usage_out
         return turn
 
@@ -393,7 +408,7 @@ class MessagesAdapter(Adapter):
         blocks: dict[int, dict] = {}        # backend index -> block as it builds up
         where: dict[int, int | None] = {}   # backend index -> client index (None: held)
         self.stop = {}
-        round_in = 0
+        round_usage: dict = {}
         ended = False
         for batch in sse.json_batches(self.body_of(resp)):
             sent = []                       # what this read makes: one write
@@ -411,7 +426,7 @@ class MessagesAdapter(Adapter):
                 if t == "message_start":
                     m = obj.get("message") or {}
                     u = m.get("usage") or {}
-                    round_in = u.get("input_tokens") or 0
+                    round_usage.update(u)
                     if not self.started:
                         self.started = True
                         m = {**m, "content": [],
@@ -462,7 +477,8 @@ class MessagesAdapter(Adapter):
                     u = obj.get("usage") or {}
                     self.out += u.get("output_tokens") or 0
                     # input tokens come in message_start, or only here
-                    round_in = max(round_in, u.get("input_tokens") or 0)
+                    round_usage.update({k: v for k, v in u.items()
+                                        if k != "output_tokens" and v is not None})
                 elif t == "message_stop":
                     ended = True
                     break
@@ -475,7 +491,8 @@ class MessagesAdapter(Adapter):
         if not self.stop:
             yield self.fail("the upstream stream ended before message_delta", 502, "")
             return None
-        self.inp += round_in
+        self.cache = {}
+        self._round_usage(round_usage)
         self.blocks = [blocks[i] for i in sorted(blocks)]
         for b in self.blocks:
             for key in ("text", "thinking"):

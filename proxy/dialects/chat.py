@@ -94,13 +94,23 @@ def stream_error(message: str, status: int, code: str) -> bytes:
 
 
 def _usage_add(total: dict | None, u) -> dict | None:
+    """The usage of the rounds so far with one more round's: the prompt side
+    (prompt_tokens and its details, the cached tokens) is the last round's -- the
+    conversation as the model last read it, what a direct request reports, whose
+    cached part the agent's next turn reuses; completion tokens are summed over the
+    rounds (all of them were generated); total_tokens is their sum. A one-round
+    answer reports exactly what the backend did."""
     if not isinstance(u, dict):
         return total
-    total = dict(total or {})
-    for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
-        if isinstance(u.get(k), int):
-            total[k] = total.get(k, 0) + u[k]
-    return total
+    out = dict(u)
+    done = (total or {}).get("completion_tokens", 0)
+    if isinstance(u.get("completion_tokens"), int):
+        out["completion_tokens"] = done + u["completion_tokens"]
+    elif done:
+        out["completion_tokens"] = done
+    if isinstance(out.get("prompt_tokens"), int) and isinstance(out.get("completion_tokens"), int):
+        out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
+    return out
 
 
 def turn_of_message(msg: dict, finish=None) -> Turn:

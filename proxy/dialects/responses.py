@@ -177,10 +177,20 @@ def annotate(item: dict, searcher) -> list[tuple[int, int, dict]]:
     return new
 
 
-def _usage(inp: int, out: int) -> dict:
-    return {"input_tokens": inp, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0},
+def _usage(inp: int, out: int, cached: int = 0, reasoning: int = 0) -> dict:
+    """The client's usage: the prompt side (input_tokens, cached_tokens) is the last
+    round's -- the conversation as the model last read it, what a direct request
+    reports, and what Codex counts (summing every round's prompt doubled its count);
+    output tokens are summed over the rounds (see chat._usage_add)."""
+    return {"input_tokens": inp, "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": out, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": inp + out}
+
+
+def _detail(u: dict, key: str, field: str) -> int:
+    d = u.get(key)
+    v = d.get(field) if isinstance(d, dict) else None
+    return v if isinstance(v, int) else 0
 
 
 
@@ -206,7 +216,8 @@ class ResponsesAdapter(Adapter):
         self.last: dict = {}                # the round's response (whole) / its completion
         self.streaming = False
         self.seq = 0                        # the client stream's next sequence_number
-        self.inp = self.out = 0
+        self.inp = self.out = 0             # the last round's input, every round's output
+        self.cached = self.reasoning = 0    # the last round's cached, every round's reasoning
 
     def round_body(self, stream: bool) -> dict:
         b = dict(self.body)                 # the client's key order: a stable prompt
@@ -293,15 +304,24 @@ class ResponsesAdapter(Adapter):
         self.last, self.items = obj, items
         self.shown = [i for i in items if not _is_ours(i)]
         turn = turn_of(items, obj.get("status"), obj.get("usage"))
-        self.inp += turn.usage_in
-        self.out += turn.usage_out
+        self._round_usage(obj.get("usage"))
         return turn
+
+    def _round_usage(self, u) -> None:
+        u = u if isinstance(u, dict) else {}
+        self.inp = u.get("input_tokens") or 0
+        self.cached = _detail(u, "input_tokens_details", "cached_tokens")
+        self.out += u.get("output_tokens") or 0
+        self.reasoning += _detail(u, "output_tokens_details", "reasoning_tokens")
+
+    def usage(self) -> dict:
+        return _usage(self.inp, self.out, self.cached, self.reasoning)
 
     def answer(self, turn: Turn) -> Response:
         for it in self.shown:
             annotate(it, self.searcher)
         result = {**self.head, "status": self.last.get("status") or "completed",
-                  "output": self.output + self.shown, "usage": _usage(self.inp, self.out),
+                  "output": self.output + self.shown, "usage": self.usage(),
                   "tools": self.body.get("tools") or [],
                   "model": self.head.get("model") or self.body.get("model")}
         result.pop("output_text", None)
@@ -385,9 +405,7 @@ class ResponsesAdapter(Adapter):
                             "upstream_stream_truncated")
             return None
         self.last = done
-        u = done.get("usage") or {}
-        self.inp += u.get("input_tokens") or 0
-        self.out += u.get("output_tokens") or 0
+        self._round_usage(done.get("usage"))
         self.items = [items[k] for k in order if k in items] or done.get("output") or []
         self.shown = [items[k] for k in order if k in items and where.get(k) is not None]
         return turn_of(self.items, done.get("status"))
@@ -398,7 +416,7 @@ class ResponsesAdapter(Adapter):
         final = {**self._head(),
                  **{k: v for k, v in self.last.items()
                     if k in ("incomplete_details", "completed_at")},
-                 "status": status, "output": self.output, "usage": _usage(self.inp, self.out)}
+                 "status": status, "output": self.output, "usage": self.usage()}
         return self.emit({"type": "response.incomplete" if status == "incomplete"
                           else "response.completed", "response": final})
 

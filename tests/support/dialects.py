@@ -70,7 +70,33 @@ class ScriptedDialects(ScriptedChat):
         self.head_delay = 0.0
         # ... or a stream's head goes at once and its first event after this long
         self.event_delay = 0.0
+        # per model request, in order: (prompt tokens, of which reused from the cache),
+        # reported as llama-server does in each dialect (Messages: input_tokens are the
+        # uncached ones plus cache_read_input_tokens; Responses: input_tokens_details.
+        # cached_tokens; chat: prompt_tokens_details.cached_tokens)
+        self.prompt_cache: list[tuple[int, int]] = []
         super().__init__(*a, **kw)
+
+    def _cache(self) -> tuple[int, int] | None:
+        with self._lock:
+            return self.prompt_cache.pop(0) if self.prompt_cache else None
+
+    def _full(self, r, cid):
+        obj = super()._full(r, cid)
+        pc = self._cache()
+        if pc:
+            obj["usage"] = {"completion_tokens": 5, "prompt_tokens": pc[0], "total_tokens":
+                            pc[0] + 5, "prompt_tokens_details": {"cached_tokens": pc[1]}}
+        return obj
+
+    def _stream(self, r, cid, include_usage):
+        pc = self._cache()
+        old = b'"usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}'
+        new = b'"usage": ' + json.dumps(
+            {"completion_tokens": 5, "prompt_tokens": pc[0], "total_tokens": pc[0] + 5,
+             "prompt_tokens_details": {"cached_tokens": pc[1]}}).encode() if pc else old
+        for piece in super()._stream(r, cid, include_usage):
+            yield piece.replace(old, new)
 
     def _next(self, body: dict):
         with self._lock:
@@ -173,13 +199,20 @@ class ScriptedDialects(ScriptedChat):
     def _message(self, r: Reply, mid: str) -> dict:
         return {"id": mid, "type": "message", "role": "assistant", "model": self.model,
                 "content": self._blocks(r, mid), "stop_reason": self._stop(r),
-                "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 5}}
+                "stop_sequence": None, "usage": self._messages_usage(self._cache(), 5)}
+
+    @staticmethod
+    def _messages_usage(pc, out: int) -> dict:
+        if pc is None:
+            return {"input_tokens": 10, "output_tokens": out}
+        return {"cache_read_input_tokens": pc[1], "input_tokens": pc[0] - pc[1],
+                "output_tokens": out}
 
     def _messages_stream(self, r: Reply, mid: str):
         out = [_sse("message_start", {"type": "message_start", "message": {
             "id": mid, "type": "message", "role": "assistant", "model": self.model,
             "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": 10, "output_tokens": 1}}})]
+            "usage": self._messages_usage(self._cache(), 1)}})]
         if self.omit_message_start:
             out.pop()
         out.append(_sse("ping", {"type": "ping"}))
@@ -247,10 +280,13 @@ class ScriptedDialects(ScriptedChat):
                 "temperature": 1.0, "text": {"format": {"type": "text"}},
                 "tool_choice": "auto", "tools": [], "top_p": 1.0, "truncation": "disabled",
                 "metadata": {},
-                "usage": None if status != "completed" else {
-                    "input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
-                    "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
-                    "total_tokens": 15}}
+                "usage": None if status != "completed" else self._responses_usage()}
+
+    def _responses_usage(self) -> dict:
+        n, cached = self._cache() or (10, 0)
+        return {"input_tokens": n, "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": n + 5}
 
     def _responses_stream(self, r: Reply, rid: str):
         seq = itertools.count()

@@ -80,7 +80,7 @@ def test_one_search_round(proxy, chat, searx, stream):
     assert answer.citations[0].type == "web_search_result_location"
     assert msg.stop_reason == "end_turn"
     assert msg.usage.server_tool_use.web_search_requests == 1
-    assert msg.usage.input_tokens == 20 and msg.usage.output_tokens == 10
+    assert msg.usage.input_tokens == 10 and msg.usage.output_tokens == 10   # last prompt, all output
     # the backend got a plain custom tool, then our tool_result
     first, second = chat.requests
     assert chat.paths == ["/v1/messages", "/v1/messages"]

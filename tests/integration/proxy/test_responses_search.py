@@ -61,7 +61,7 @@ def test_one_search_round(proxy, chat, searx, stream, tool):
     assert text.text[ann.start_index:ann.end_index] == "[1]"
     assert resp.output_text == "Flask 3.1 adds partitioned cookies [1]."
     assert resp.status == "completed"
-    assert resp.usage.input_tokens == 20 and resp.usage.output_tokens == 10
+    assert resp.usage.input_tokens == 10 and resp.usage.output_tokens == 10   # last prompt, all output
     first, second = chat.requests
     assert chat.paths == ["/v1/responses"] * 2
     assert first["tools"][0]["type"] == "function" and first["tools"][0]["name"] == "web_search"
