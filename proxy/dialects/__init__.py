@@ -61,6 +61,9 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     request.environ[MODEL] = model                   # for the metrics: no second parse
     info = _Lazy(lambda: catalog.lookup(model))
     changed = bool(agents and agents.fix(d.name, body, info()))
+    # tools the backend cannot see as they came (Codex's namespaces): plain ones
+    names = m.flatten(body) if hasattr(m, "flatten") else {}
+    changed |= bool(names)
     # Our own changes come after the agent's, the same every turn (a stable prefix).
     if settings.INJECT_SYSTEM:
         changed |= m.system_prompt(
@@ -72,7 +75,9 @@ def handle(d: Dialect, parts: dict, request) -> Response:
         changed |= normalize.apply_token_floor(body, floor, keys=m.FLOOR_KEYS)
     stream = bool(body.get("stream"))
     if tool is not None:
-        return rounds.serve(d.adapter(body, tool, parts, request), stream)
+        ad = d.adapter(body, tool, parts, request)
+        ad.names = names
+        return rounds.serve(ad, stream)
 
     # nothing to change: the client's bytes, as they came
     headers, environ = forward_headers(request.headers), request.environ
@@ -85,7 +90,7 @@ def handle(d: Dialect, parts: dict, request) -> Response:
         r = call()
         if r.status_code >= 400:
             return error_answer(r)
-        content = m.straight_whole(r.content)
+        content = m.straight_whole(r.content, names)
         r.close()
         return Response(content, status=r.status_code, headers=forward_headers(r.headers))
     interval = settings.KEEPALIVE_INTERVAL
@@ -93,15 +98,15 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     if not task.wait(interval):
         # No head from the backend yet (llama-server sends it with the first
         # token, after the prefill): the stream starts now, kept alive.
-        return sse_response(_late(m, task, body, environ, interval))
+        return sse_response(_late(m, task, body, environ, interval, names))
     r = task.result()
     if r.status_code != 200:
         return error_answer(r)
     return relay(r, body=m.straight_stream(
-        kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body))
+        kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body, names))
 
 
-def _late(m, task, body, environ, interval):
+def _late(m, task, body, environ, interval, names):
     """A stream whose backend had not answered its head within one keep-alive
     interval: comments until it does, then its events, or its error as the
     dialect's error event (the status is sent already)."""
@@ -118,7 +123,7 @@ def _late(m, task, body, environ, interval):
         yield m.stream_error(message_of(raw, status), status, error_code(raw))
         return
     yield from m.straight_stream(
-        kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body)
+        kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body, names)
 
 
 def backend_error(status: int, raw: bytes) -> tuple[int, bytes]:

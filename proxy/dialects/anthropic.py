@@ -136,11 +136,11 @@ def search_tool(body: dict, settings) -> tuple[dict | None, bool]:
     return None, True
 
 
-def straight_stream(chunks, body):
+def straight_stream(chunks, body, names=None):
     return with_message_start(chunks, body.get("model"))
 
 
-def straight_whole(content: bytes) -> bytes:
+def straight_whole(content: bytes, names=None) -> bytes:
     return content
 
 

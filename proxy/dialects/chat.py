@@ -80,11 +80,11 @@ def search_tool(body: dict, settings) -> tuple[dict | None, bool]:
     return {}, True
 
 
-def straight_stream(chunks, body):
+def straight_stream(chunks, body, names=None):
     return normalize.normalize_sse(chunks)
 
 
-def straight_whole(content: bytes) -> bytes:
+def straight_whole(content: bytes, names=None) -> bytes:
     return normalize.normalize_completion_bytes(content)
 
 

@@ -101,12 +101,135 @@ def search_tool(body: dict, settings) -> tuple[dict | None, bool]:
     return None, True
 
 
-def straight_stream(chunks, body):
-    return chunks
+def straight_stream(chunks, body, names=None):
+    return renamed_stream(chunks, names) if names else chunks
 
 
-def straight_whole(content: bytes) -> bytes:
-    return content
+def straight_whole(content: bytes, names=None) -> bytes:
+    if not names or not any(n.encode() in content for n in names):
+        return content
+    try:
+        obj = json.loads(content)
+    except ValueError:
+        return content
+    return json.dumps(renamed(obj, names), ensure_ascii=False).encode() \
+        if isinstance(obj, dict) else content
+
+
+# ============================================================ namespace tools (Codex)
+#
+# Codex groups tools in `{"type": "namespace", "name": NS, "tools": [function, ...]}`
+# (its multi-agent tools, MCP servers' tools); llama-server's /v1/responses skips
+# every tool that is not a function (the model would never see them). They reach
+# the backend as plain function tools named NS__NAME (Codex's own rule when it
+# speaks chat completions: codex-rs chat_tools_from_responses_tool), and the model's
+# calls of them come back in Codex's shape: `{"type": "function_call", "name":
+# NAME, "namespace": NS, ...}` (codex-rs ResponseItem::FunctionCall). Codex's history
+# items carry the same two fields: they reach the backend as NS__NAME again, so the
+# prompt renders the call as the model made it (and stays a prefix turn to turn).
+
+def _joined(ns: str, name: str) -> str:
+    return ns + name if ns.endswith("__") else f"{ns}__{name}"
+
+
+def flatten(body: dict) -> dict[str, tuple[str, str]]:
+    """Namespace tools and namespaced history calls made plain, in place (each
+    namespace's tools where it stood); {backend name: (namespace, name)} of the
+    tools flattened ({} when nothing was)."""
+    names: dict[str, tuple[str, str]] = {}
+    tools = body.get("tools")
+    if isinstance(tools, list) and any(isinstance(t, dict) and t.get("type") == "namespace"
+                                       for t in tools):
+        flat = []
+        for t in tools:
+            if not (isinstance(t, dict) and t.get("type") == "namespace"):
+                flat.append(t)
+                continue
+            ns = t.get("name") if isinstance(t.get("name"), str) else ""
+            for child in t.get("tools") or []:
+                if not (isinstance(child, dict) and child.get("type", "function") == "function"
+                        and isinstance(child.get("name"), str)):
+                    continue
+                full = _joined(ns, child["name"]) if ns else child["name"]
+                names[full] = (ns, child["name"])
+                flat.append({**child, "type": "function", "name": full})
+        body["tools"] = flat
+    items = body.get("input")
+    for it in items if isinstance(items, list) else ():
+        if isinstance(it, dict) and it.get("type") in ("function_call", "custom_tool_call") \
+                and isinstance(it.get("namespace"), str) and isinstance(it.get("name"), str):
+            ns = it.pop("namespace")
+            if ns:
+                full = _joined(ns, it["name"])
+                names.setdefault(full, (ns, it["name"]))
+                it["name"] = full
+            else:
+                names.setdefault(it["name"], ("", it["name"]))
+    return names
+
+
+def renamed_item(item, names: dict):
+    """A function_call item of a flattened tool in Codex's shape (a copy)."""
+    if isinstance(item, dict) and item.get("type") == "function_call" and \
+            item.get("name") in names:
+        ns, name = names[item["name"]]
+        return {**item, "name": name, "namespace": ns} if ns else item
+    return item
+
+
+def renamed(obj: dict, names: dict) -> dict:
+    """An event or a response with its function_call items in Codex's shape (copies
+    where they change; the backend's own objects are left as they are)."""
+    if not names:
+        return obj
+    out = obj
+    if isinstance(obj.get("item"), dict):
+        item = renamed_item(obj["item"], names)
+        if item is not obj["item"]:
+            out = {**out, "item": item}
+    resp = obj.get("response") if isinstance(obj.get("response"), dict) else None
+    target = resp if resp is not None else obj
+    if isinstance(target.get("output"), list):
+        output = [renamed_item(i, names) for i in target["output"]]
+        if any(a is not b for a, b in zip(output, target["output"])):
+            if resp is not None:
+                out = {**out, "response": {**resp, "output": output}}
+            else:
+                out = {**out, "output": output}
+    return out
+
+
+def renamed_stream(chunks, names: dict):
+    """A Responses stream with the calls of flattened tools in Codex's shape."""
+    keys = [n.encode() for n in names]
+    parser = sse.Parser()
+    for chunk in chunks:
+        whole = parser.take(chunk)
+        if not whole:
+            if not chunk:
+                yield chunk          # the headers, now
+            continue
+        if not any(k in whole for k in keys):
+            yield whole
+            continue
+        out = []
+        for raw in sse.split(whole):
+            ev = sse.parse_event(raw)
+            obj = None
+            if ev is not None and ev.data is not None and any(k in raw for k in keys):
+                try:
+                    obj = json.loads(ev.data)
+                except ValueError:
+                    obj = None
+            if isinstance(obj, dict):
+                new = renamed(obj, names)
+                out.append(raw if new is obj else event(ev.name or new.get("type", ""), new))
+            else:
+                out.append(raw)
+        yield b"".join(out)
+    rest = parser.rest()
+    if rest:
+        yield rest
 
 
 def _input_item(item: dict) -> dict:
@@ -218,6 +341,7 @@ class ResponsesAdapter(Adapter):
         self.seq = 0                        # the client stream's next sequence_number
         self.inp = self.out = 0             # the last round's input, every round's output
         self.cached = self.reasoning = 0    # the last round's cached, every round's reasoning
+        self.names: dict = {}               # flattened namespace tools (flatten)
 
     def round_body(self, stream: bool) -> dict:
         b = dict(self.body)                 # the client's key order: a stable prompt
@@ -247,7 +371,10 @@ class ResponsesAdapter(Adapter):
         return b
 
     def emit(self, obj: dict) -> bytes:
-        """obj (numbered in place) as the client stream's next event."""
+        """obj (numbered in place) as the client stream's next event (the calls of
+        flattened namespace tools in Codex's shape)."""
+        if self.names:
+            obj = renamed(obj, self.names)
         obj["sequence_number"] = self.seq
         self.seq += 1
         return event(obj["type"], obj)
@@ -325,6 +452,7 @@ class ResponsesAdapter(Adapter):
                   "tools": self.body.get("tools") or [],
                   "model": self.head.get("model") or self.body.get("model")}
         result.pop("output_text", None)
+        result = renamed(result, self.names)
         return Response(json.dumps(result, ensure_ascii=False), status=200,
                         mimetype="application/json")
 
