@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from tests.integration.swapper.test_swapper import chat, metric, running, wait_for
+from tests.integration.swapper.test_swapper import (chat, data_until_broken, metric, running,
+                                                    wait_for)
 from tests.support.docker_outage import DockerRelay
 from tests.support.servers import post_and_abandon
 from tests.support.swapperproc import SwapperProcess, stack_containers
@@ -116,7 +117,7 @@ def test_first_request_after_a_kill_mid_stream_succeeds(swapper, docker_client):
     lines = r.iter_lines()
     next(line for line in lines if line.startswith(b"data: "))
     c.kill()
-    tail = [line for line in lines if line.startswith(b"data: ")]
+    tail = data_until_broken(lines)
     assert tail and b'"error"' in tail[-1]          # the in-flight stream is told
     status, data = raw(swapper.url, "POST", "/v1/chat/completions", {
         "model": "b", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
