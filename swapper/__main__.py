@@ -61,13 +61,25 @@ def main(argv: list[str] | None = None) -> int:
         return create_app(settings)
 
     def on_exit():
-        # `docker compose down` / Ctrl-C: leave nothing running, nothing holding the GPU.
+        # `docker compose down` / Ctrl-C: leave nothing running, nothing holding the
+        # GPU; a llama.cpp backend's prompt caches are saved first (swapper.kvcache).
+        from .kvcache import KvCache
+        from .metrics import SwapperMetrics
         from .runtime import DockerRuntime
         try:
-            n = DockerRuntime(settings, Registry.load(settings.BACKENDS_DIR, settings.env)).remove_all()
+            registry = Registry.load(settings.BACKENDS_DIR, settings.env)
+            runtime = DockerRuntime(settings, registry)
+            kv = KvCache(settings, SwapperMetrics(), image_id=runtime.image_id)
+            for backend in runtime.running():
+                spec = registry.models[backend.model]
+                if kv.enabled(spec):
+                    outcome = kv.save(spec, backend)
+                    print(f"swapper exit: saved {backend.model}'s prompt cache: "
+                          f"{outcome.fields()}", file=sys.stderr)
+            n = runtime.remove_all()
             print(f"swapper exit: removed {n} backend container(s)", file=sys.stderr)
         except Exception as e:
-            print(f"swapper exit: could not remove backends: {e}", file=sys.stderr)
+            print(f"swapper exit: could not save or remove backends: {e}", file=sys.stderr)
 
     # Its only client is the proxy next door: a short keep-alive lets
     # `docker compose down` finish (and remove the backend) promptly.

@@ -74,11 +74,8 @@ class Driver:
         self._dead: str | None = None           # the container last reported crashed
         # Prompt caches across swaps: saved before a stop, restored before admission.
         # Its events go where the scheduler's go (/events).
-        self.kv = kvcache or KvCache(settings, metrics, emit=self._notify,
+        self.kv = kvcache or KvCache(settings, metrics, emit=scheduler.notify,
                                      image_id=getattr(runtime, "image_id", None))
-
-    def _notify(self, event: str, **fields) -> None:
-        self.scheduler._emit(event, **fields)
 
     def start(self) -> None:
         """Adopt what an earlier run left before serving (when the engine

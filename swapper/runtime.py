@@ -527,6 +527,16 @@ class DockerRuntime:
         return len(found)
 
     # ------------------------------------------------------------------ adopt
+    def running(self) -> list[Backend]:
+        """This stack's running backends of registered models, as they are (at
+        shutdown: their prompt caches are saved before they are removed)."""
+        out = []
+        for c in self.containers():
+            spec = self.registry.models.get(c.labels.get(LABEL_MODEL, ""))
+            if spec is not None and c.status == "running":
+                out.append(Backend(spec.id, c.id, c.name, self._url(spec, c.name)))
+        return out
+
     def adopt(self) -> Backend | None:
         """At start-up: keep one healthy, registered, running backend of this
         stack (reachable where we would have put it); remove all the others."""

@@ -362,6 +362,11 @@ class Scheduler:
         self._action = action
         self._cv.notify_all()
 
+    def notify(self, event: str, **fields) -> None:
+        """Tell the listeners (/events, metrics) of something the driver did
+        (`saving`, `restoring`): events of the stack's one stream."""
+        self._emit(event, **fields)
+
     def _emit(self, event: str, **fields) -> None:
         for listener in self._listeners:
             try:

@@ -99,3 +99,17 @@ def test_without_the_cache_the_swap_back_reprocesses_everything(docker_client):
         again = ask(sw, "tiny-a")["timings"]
         requests.post(sw.url + "/unload", timeout=120)
     assert again["cache_n"] == 0 and again["prompt_n"] >= first["prompt_n"] - 8
+
+
+def test_stopping_the_swapper_saves_the_resident_backends_cache(docker_client, tmp_path):
+    """`docker compose down` (SIGTERM to the swapper): the resident llama.cpp
+    backend's slots are saved before it is removed, and restored by the next
+    swapper that loads the model."""
+    with SwapperProcess(KV_CACHE_DIR=str(tmp_path)) as sw:
+        first = ask(sw, "tiny-a")["timings"]
+    assert stack_containers(docker_client, sw.stack) == []
+    (sidecar,) = (tmp_path / "tiny-a").glob("slot*.json")
+    assert json.loads(sidecar.read_text())["tokens"] >= first["prompt_n"]
+    with SwapperProcess(KV_CACHE_DIR=str(tmp_path)) as sw:
+        again = ask(sw, "tiny-a")["timings"]
+    assert again["cache_n"] >= first["prompt_n"] - 8, again
