@@ -46,6 +46,15 @@ def healthz():
     return {"status": "ok", "service": "proxy", "upstream": up}
 
 
+@bp.route("/", methods=["GET", "HEAD"])
+def root():
+    """The base URL itself: Claude Code sends `HEAD <ANTHROPIC_BASE_URL>` when it
+    starts (a reachability check); a 404 there reads as a broken endpoint."""
+    return {"status": "ok", "service": "proxy",
+            "endpoints": ["/v1/chat/completions", "/v1/messages", "/v1/responses",
+                          "/v1/models"]}
+
+
 @bp.get("/metrics")
 def metrics():
     return parts()["metrics"].response()

@@ -13,6 +13,10 @@ import subprocess
 import pytest
 
 from tests.support.agents import QUERY, Rendering, agents_bin, searching_model, tool
+from tests.support.agents import _last_tool_output, _text
+from tests.support.chat import Reply, call
+from tests.support.metrics import scrape
+from tests.support.servers import ServerThread
 from tests.support.dialects import ScriptedDialects
 from tests.support.proxyproc import ProxyProcess
 from tests.support.searxng import FakeSearxng
@@ -171,3 +175,72 @@ env_key = "LOCAL_KEY"
         [t for t in first["tools"] if t.get("name") == "web_search"][0].items()
     assert not any(t.get("type") in ("web_search", "web_search_preview")
                    for b in model.requests for t in b.get("tools") or [])
+
+
+# ----------------------------------------------- Claude Code with only ANTHROPIC_MODEL set
+
+HELPER = "Reply with hi"
+
+
+def delegating_model(body: dict, path: str) -> Reply:
+    """The main agent delegates to a sub-agent on the haiku tier (Claude Code's Agent
+    tool, `model: "haiku"`: with no ANTHROPIC_DEFAULT_HAIKU_MODEL its requests name
+    claude-haiku-*), then answers with what the helper said."""
+    msgs = body.get("messages") or []
+    if msgs and HELPER in _text(msgs[0].get("content")):
+        return Reply(content="hi from the helper")
+    out = _last_tool_output(body, path)
+    if out is not None:
+        return Reply(content="DONE: " + (out.strip().splitlines() or [""])[0])
+    if "Agent" in [t.get("name") for t in body.get("tools") or []]:
+        return Reply(tool_calls=[call("Agent", {
+            "description": "Say hi", "prompt": HELPER, "subagent_type": "general-purpose",
+            "model": "haiku"})])
+    return Reply(content="ok")
+
+
+@pytest.fixture
+def swapper_stack():
+    """The real swapper (in-process, its Docker runtime replaced by the fake one:
+    tests/support/fake_runtime.py, the fixture registry), whose tiny-a "container" is
+    a scripted model behind the Qwen3.5 template; the real proxy in front of it."""
+    from swapper.app import create_app
+    from swapper.settings import Settings as SwapperSettings
+    from tests.support.fake_runtime import FakeRuntime
+    from tests.support.swapperproc import FIXTURE_BACKENDS
+    env = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
+           "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
+           "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
+    rendering = Rendering(delegating_model)
+    with FakeSearxng() as searx, ScriptedDialects() as model:
+        model.responder = rendering
+        runtime = FakeRuntime({"tiny-a": model.url})
+        app = create_app(SwapperSettings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=env,
+                                         WATCH_INTERVAL=5), runtime=runtime)
+        with ServerThread(app) as swapper, ProxyProcess(
+                BACKEND_URL=swapper.url, SEARXNG_URL=searx.url, MODELS_TTL=0,
+                KEEPALIVE_INTERVAL=0.5) as proxy:
+            yield proxy, swapper, runtime, model, rendering
+
+
+def test_claude_code_with_only_anthropic_model_never_swaps_nor_404s(swapper_stack, tmp_path):
+    """A user who sets only ANTHROPIC_MODEL: Claude Code's haiku-tier work (here a
+    sub-agent) names claude-haiku-*; the swapper answers it with the resident model
+    (model_patterns), so the session starts one model, swaps none, and nothing
+    answers 404 (Claude Code's HEAD of the base URL included)."""
+    proxy, swapper, runtime, model, rendering = swapper_stack
+    p = run([cli("claude"), "-p", "Ask a helper agent to say hi.", "--max-turns", "3",
+             "--allowedTools", "Agent"], tmp_path, {"ANTHROPIC_BASE_URL": proxy.url, **CLAUDE_ENV,
+                                                   "ANTHROPIC_MODEL": "tiny-a"})
+    assert "DONE: hi from the helper" in p.stdout
+    assert rendering.refused == []
+    assert [c for c in runtime.calls if c[0] in ("start", "stop")] == [("start", "tiny-a")], \
+        "one model start over the session, no swap"
+    px, sw = scrape(proxy.url), scrape(swapper.url)
+    haiku = {m for m in px.labels("proxy_prompt_tokens_total", "model")
+             if m.startswith("claude-haiku-")}
+    assert haiku, "the haiku tier was asked for by its own name"
+    assert sw.value("swapper_models_mapped_total", model="tiny-a", pattern="claude-*") >= 1
+    assert "404" not in px.labels("proxy_requests_total", "status")
+    assert "404" not in sw.labels("swapper_requests_total", "status")
+    assert len(model.requests) >= 3
