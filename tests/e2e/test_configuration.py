@@ -98,7 +98,7 @@ def test_env_example_values_are_the_code_defaults():
     assert ProxySettings.from_env(ex) == ProxySettings.from_env({})
     with_file = SwapperSettings.from_env(ex)
     without = SwapperSettings.from_env({})
-    for f in ("env", "host_dir"):
+    for f in ("env", "HOST_DIR"):
         with_file = type(with_file)(**{**with_file.__dict__, f: getattr(without, f)})
     assert with_file == without
 
@@ -200,7 +200,8 @@ def test_unset_settings_are_left_to_the_services(project, tmp_path):
     for name, fixed in FIXED.items():
         got = {k: v for k, v in (cfg["services"][name].get("environment") or {}).items()
                if v is not None}
-        extra = {"swapper": {"STACK_NAME", "DOCKER_NETWORK"}}.get(name, set())
+        extra = {"swapper": {"STACK_NAME", "DOCKER_NETWORK", "KV_CACHE_DIR",
+                              "KV_CACHE_VOLUME"}}.get(name, set())
         assert set(got) == set(fixed) | extra, (name, got)
 
 
