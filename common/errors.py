@@ -85,9 +85,8 @@ def too_large(limit: int) -> Response:
 
 def error_for(e: Exception, log: logging.Logger, body_limit: int | None = None) -> Response:
     """The envelope answering an exception a request handler raised: the one
-    mapping, for Flask's routes (install_error_handlers) and the hot routes
-    alike. Anything unexpected is logged with its trace and
-    answered 500, without it."""
+    mapping, for every route (install_error_handlers). Anything unexpected is
+    logged with its trace and answered 500, without it."""
     if isinstance(e, ApiError):
         return e.response()
     if isinstance(e, RequestEntityTooLarge) and body_limit is not None:

@@ -31,9 +31,8 @@ NO_BUFFERING = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
 
 class Relayed:
     """An answer relayed as it comes, as a WSGI app: its status, header list and
-    body go to the server as they are, without a Flask Response's conversions
-    (what the hot routes, common.hotpath, save). A Flask view may return one
-    too: Flask runs a WSGI app it is given. `headers`: a mapping or
+    body go to the server as they are, without a Flask Response's conversions.
+    A Flask view returns one: Flask runs a WSGI app it is given. `headers`: a mapping or
     werkzeug Headers (answer_headers), or a list of (name, value)."""
 
     __slots__ = ("status", "headers", "body")
