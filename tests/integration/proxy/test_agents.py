@@ -149,6 +149,51 @@ def test_codex_shell_call_through_the_qwen_template(qwen_stack, tmp_path):
     assert set(model.paths) == {"/v1/responses"}
 
 
+def mcp_model(body: dict, path: str) -> Reply:
+    """Calls the MCP server's `lookup` tool (whatever the backend calls it) once, then
+    answers with its output."""
+    out = _last_tool_output(body, path)
+    if out is not None:
+        return Reply(content="DONE: " + out[:300])
+    names = [t.get("name") for t in body.get("tools") or []]
+    found = [n for n in names if isinstance(n, str) and n.endswith("lookup")]
+    if found:
+        return Reply(tool_calls=[call(found[0], {"word": "hello"})])
+    return Reply(content="no lookup tool reached me")
+
+
+def test_codex_mcp_tool_call_through_the_qwen_template(qwen_stack, tmp_path):
+    """Codex with an MCP server configured sends its tools grouped in `namespace`
+    tools (`mcp__docs__` and its own `multi_agent_v1`), which llama-server would skip:
+    the backend gets plain function tools (`mcp__docs__lookup`), the model's call of
+    one comes back in Codex's shape (name + namespace): Codex runs the MCP tool and
+    sends its output, its history call goes back under the backend's name."""
+    import sys
+    proxy, model, rendering = qwen_stack
+    rendering.responder = mcp_model
+    model.llama_style = True
+    server = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                          "support", "mcp_server.py")
+    home = codex_home(tmp_path, proxy.url, extra=f"""
+[mcp_servers.docs]
+command = "{sys.executable}"
+args = ["{server}"]
+""")
+    p = run([cli("codex"), "exec", "--skip-git-repo-check",
+             "--dangerously-bypass-approvals-and-sandbox",
+             "Look up the word hello with the docs tool."], tmp_path,
+            {"CODEX_HOME": home, "LOCAL_KEY": "x"})
+    assert "mcp: docs/lookup (completed)" in p.stderr, p.stderr[-2000:]
+    assert "DEFINITION of hello: a greeting" in p.stdout
+    assert rendering.refused == []
+    first, *rest = model.requests
+    assert "mcp__docs__lookup" in [t.get("name") for t in first["tools"]]
+    assert not [t for t in first["tools"] if t.get("type") == "namespace"]
+    assert rest, "Codex sent the tool's output back"
+    calls = [i for i in rest[-1]["input"] if i.get("type") == "function_call"]
+    assert calls and calls[-1]["name"] == "mcp__docs__lookup" and "namespace" not in calls[-1]
+
+
 def test_codex_web_search(stack, tmp_path):
     proxy, model, searx = stack
     home = tmp_path / ".codex"
