@@ -5,6 +5,10 @@
 #   tests/perf/run.sh                       everything (~11 min on 2 cores)
 #   tests/perf/run.sh --only real,swap      some workloads (see --help)
 #   tests/perf/run.sh --profile             also py-spy the proxy and swapper workers
+#   tests/perf/run.sh agents [--agents codex --turns 3 ...]
+#                                           Claude Code / Codex turns, direct vs the
+#                                           stack: prompt-cache reuse and TTFT
+#                                           (tests/perf/agents.py; ~20 min on 2 cores)
 #
 # Needs the test bed (tests/testbed/setup.sh: Docker engine, llama-server image,
 # SmolLM2). LiteLLM and py-spy go in their own venv under the cache dir, so they
@@ -25,6 +29,12 @@ set +a
 cache="${CODING_STACK_CACHE:-/var/cache/coding-stack}"
 py="${PERF_PYTHON:-$repo/.venv/bin/python}"
 [ -x "$py" ] || py=python3
+
+# The agent-turns benchmark needs neither LiteLLM nor py-spy.
+if [ "${1:-}" = "agents" ]; then
+  shift
+  exec "$py" -m tests.perf.agents "$@"
+fi
 
 # LiteLLM 1.108.7 (the proxy extra) and py-spy 0.4.3, pinned, in a venv of their own.
 LITELLM_VERSION=1.108.7
