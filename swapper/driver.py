@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 
+from .download import Downloads
 from .kvcache import KvCache
 from .metrics import SwapperMetrics
 from .registry import Registry
@@ -53,7 +54,7 @@ class Driver:
     def __init__(self, scheduler: Scheduler, runtime: Runtime, registry: Registry,
                  settings: Settings, metrics: SwapperMetrics,
                  sleep=time.sleep, clock=time.monotonic, spawn=_thread,
-                 kvcache: KvCache | None = None):
+                 kvcache: KvCache | None = None, downloads: Downloads | None = None):
         self.scheduler = scheduler
         self.runtime = runtime
         self.registry = registry
@@ -76,11 +77,16 @@ class Driver:
         # Its events go where the scheduler's go (/events).
         self.kv = kvcache or KvCache(settings, metrics, emit=scheduler.notify,
                                      image_id=getattr(runtime, "image_id", None))
+        # Models whose files are missing are downloaded on first use, off the
+        # resident slot (swapper/download.py).
+        self.downloads = downloads or Downloads(settings, scheduler, clock=clock)
 
     def start(self) -> None:
         """Adopt what an earlier run left before serving (when the engine
         answers; else the driver thread keeps trying), then run the driver."""
         self._adopt()
+        self.downloads.scan(m.id for m in self.registry)
+        self.downloads.start()
         threading.Thread(target=self.run, name="swapper-driver", daemon=True).start()
         threading.Thread(target=self.follow_deaths, name="swapper-deaths", daemon=True).start()
 
@@ -141,6 +147,15 @@ class Driver:
             prepared = None
         error: LoadFailed | None = None
         backend: Backend | None = None
+        if self.downloads.missing(spec.id):
+            # Its files went away since they were looked at: download them first
+            # (the model's requests wait for that; nothing is started).
+            log.info("model %s: its files are missing: downloading them before it loads",
+                     spec.id)
+            if prepared is not None:
+                self._stopped.append(prepared.container_id)
+            self.scheduler.load_needs_download(action.epoch)
+            return
         try:
             if action.delay:
                 log.info("model %s keeps failing: waiting %.0f s before starting it again",

