@@ -8,9 +8,16 @@ OpenAI Responses (`/v1/responses`), each a module of the same shape:
     straight_stream / straight_whole      the backend's answer when we run no search
     *Adapter                              the search rounds' adapter (base.Adapter)
 
-`handle(dialect, request)` serves one request: the agent fixes (proxy/agents.py),
-our own changes after them, then the search rounds (proxy/search/rounds.py) or the
-body straight to the backend, which speaks the dialect itself.
+`handle(dialect, request)` serves one request: the agent fixes (proxy/agents.py;
+Codex's namespace tools made plain: responses.flatten), our own changes after them,
+then the search rounds (proxy/search/rounds.py) or the body straight to the
+backend, which speaks the dialect itself.
+
+Either way, a backend's error an agent can act on (a chat-template exception, a
+prompt over the context: agents.backend_error) is a 400 in the dialect's shape, and
+a stream whose backend has not sent its head within KEEPALIVE_INTERVAL starts at
+once and carries SSE comments until the first event (an error after that is the
+dialect's error event, its message the same).
 """
 from __future__ import annotations
 

@@ -4,8 +4,15 @@ A dialect is an adapter (proxy/dialects/base.Adapter): it builds each round's
 body, reads a turn from a whole answer or from a stream (relaying what the
 client sees of it), says what the client sees of our searches, and how an
 answer ends or fails. This loop owns what they share: the rounds, the decision
-(engine.decide), the budget, keep-alives while SearXNG works, hang-ups, the
-upstream's errors, and closing every answer.
+(engine.decide), the budget, keep-alives, hang-ups, the upstream's errors, and
+closing every answer.
+
+Keep-alives: a stream waits for its first round's head at most KEEPALIVE_INTERVAL
+(an error answered by then keeps its status: a 400 an agent acts on, backend_error);
+after that the stream starts and carries an SSE comment every KEEPALIVE_INTERVAL
+while the backend prefills (no head, or no event yet), while SearXNG works, and
+while a later round prefills -- Claude Code drops a stream silent for 300 s and
+sends it again.
 """
 from __future__ import annotations
 
@@ -96,22 +103,26 @@ def _as_is(r: requests.Response) -> Response:
 
 def _late(ad, task, interval: float) -> Iterator[bytes]:
     """A stream whose first round had no head within one keep-alive interval:
-    comments until it comes (nothing of the dialect's is sent yet), then the rounds."""
+    comments until it comes (nothing of the dialect's is sent yet), then the rounds;
+    its error (or a refusal an agent can act on, backend_error) as the dialect's
+    error event, the status being sent already."""
+    first = None
     try:
         yield KEEPALIVE
         try:
             first = yield from waited(task, interval, KEEPALIVE)
         except ApiError as e:
-            if e.status != 499:
+            if e.status != 499:             # a client gone hears nothing
                 yield ad.fail(e.message, e.status, e.code or "error")
             return
         if first.status_code != 200:
             yield ad.fail_answer(first.content, first.status_code)
             first.close()
+            first = None
             return
-    except BaseException:
-        ad.searcher.done()
-        raise
+    finally:
+        if first is None:
+            ad.searcher.done()              # else _stream's, at its end
     yield from _stream(ad, first)
 
 
