@@ -1,6 +1,7 @@
 """The proxy's Flask app. create_app(settings) configures it: the parts the views
 use (in app.extensions["proxy"]), the request guard, the error envelope, one set
-of hooks (auth, timing, Anthropic error shapes, metrics), the routes' blueprint."""
+of hooks (auth, timing, Anthropic error shapes, metrics, the activity list), the
+routes' blueprint and the console's (/ui)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -13,8 +14,9 @@ from flask import Flask, Response, current_app, request
 from common.errors import error_response, install_error_handlers
 from common.guard import harden
 
-from . import dialects
-from .metrics import MODEL, NOT_READ, T0, Metrics
+from . import console, dialects
+from .activity import Activity
+from .metrics import MODEL, NOT_READ, T0, Metrics, route_label
 from .routes import bp
 from .search.searxng import SearxngClient
 from .settings import Settings
@@ -33,23 +35,29 @@ def create_app(settings: Settings | None = None) -> Flask:
     upstream = Upstream(settings.BACKEND_URL, settings.CONNECT_TIMEOUT,
                         api_key=settings.API_KEY)
     catalog = ModelCatalog(upstream, settings.MODELS_TTL)
+    activity = Activity()
     app.extensions["proxy"] = dict(
         settings=settings, upstream=upstream, catalog=catalog,
         searx=SearxngClient(settings.SEARXNG_URL, settings.SEARXNG_RESULTS,
                             settings.SEARXNG_TIMEOUT),
-        metrics=Metrics(resolve=lambda name: catalog.lookup(name).get("id")),
+        metrics=Metrics(resolve=lambda name: catalog.lookup(name).get("id"), activity=activity),
+        activity=activity,
         executor=cf.ThreadPoolExecutor(max_workers=16, thread_name_prefix="search"))
     app.before_request(before)
     app.after_request(after)
     app.register_blueprint(bp)
+    app.register_blueprint(console.bp)
     return app
 
 
 def before():
-    """T0 of the request's time, then the API key (every route but /healthz)."""
+    """T0 of the request's time, its activity record, then the API key (every route
+    but /healthz and the console's page and assets: its data calls send the key)."""
     request.environ[T0] = time.perf_counter()
-    api_key = current_app.extensions["proxy"]["settings"].API_KEY
-    if api_key and request.path != "/healthz":
+    parts = current_app.extensions["proxy"]
+    parts["activity"].begin(request.environ, route_label(request.path))
+    api_key = parts["settings"].API_KEY
+    if api_key and request.path != "/healthz" and not console.is_public(request.path):
         headers = request.headers
         auth = headers.get("Authorization", "")
         token = auth[7:].strip() if auth[:7].lower() == "bearer " else \

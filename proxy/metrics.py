@@ -55,12 +55,15 @@ NOT_READ = object()     # observe(): the handler did not read the requested mode
 # What a request's handlers tell its metrics, in its WSGI environ.
 T0 = "coding_stack.t0"            # perf_counter() when it arrived
 MODEL = "coding_stack.model"      # the model its body named (None: none), once read
+ACTIVITY = "coding_stack.activity"  # its record for the console's activity list (proxy.activity)
 
 
 class Metrics:
-    def __init__(self, resolve: Callable[[str], str | None] | None = None):
-        """`resolve(name)`: a model's id for an alias (None when unknown)."""
+    def __init__(self, resolve: Callable[[str], str | None] | None = None, activity=None):
+        """`resolve(name)`: a model's id for an alias (None when unknown).
+        `activity` (proxy.activity.Activity): told of each listed request at its end."""
         self.collectors = r = common.new_registry()
+        self._activity = activity
         self._bounded = common.BoundedLabel()
         self._resolve = resolve
         self._resolved: dict[str, str] = {}     # name -> id, once known (bounded below)
@@ -121,18 +124,23 @@ class Metrics:
         if route in TOKEN_ROUTES and resp.status_code == 200:
             # The handler has read the body: this is Werkzeug's cached copy.
             answer = _Answer(self, t0, request.get_data() if model is NOT_READ else model)
+        rec = request.environ.get(ACTIVITY) if self._activity is not None else None
+        if rec is not None:
+            rec.update(status=resp.status_code, model=None if model is NOT_READ else model,
+                       stream=(resp.mimetype or "") == "text/event-stream")
         if resp.is_streamed:
             is_sse = (resp.mimetype or "") == "text/event-stream"
-            resp.response = self._follow(resp.response, route, t0, answer, is_sse)
+            resp.response = self._follow(resp.response, route, t0, answer, is_sse, rec)
             return resp
         # A whole answer is counted once it has gone (the response's close):
         # the bookkeeping, its usage parsed included, never delays it.
         seconds = time.perf_counter() - t0
         pieces = resp.response if answer is not None else ()     # its bytes (no cycle)
-        resp.call_on_close(lambda: _safely(lambda: self._whole(route, seconds, answer, pieces)))
+        resp.call_on_close(lambda: _safely(lambda: self._whole(route, seconds, answer, pieces,
+                                                               rec)))
         return resp
 
-    def _whole(self, route: str, seconds: float, answer, pieces) -> None:
+    def _whole(self, route: str, seconds: float, answer, pieces, rec=None) -> None:
         self._first_byte_of(route).observe(seconds)
         self._duration_of(route).observe(seconds)
         if answer is not None:
@@ -140,9 +148,21 @@ class Metrics:
             if b'"usage"' in body or b'"timings"' in body:
                 answer.json(body)
             answer.done()
+        if rec is not None:
+            self._ended(rec, seconds, answer)
 
-    def _follow(self, inner: Iterable[bytes], route: str, t0: float, answer, is_sse: bool
-                ) -> Iterator[bytes]:
+    def _ended(self, rec: dict, seconds: float, answer) -> None:
+        """The request's activity record, complete: to the ring."""
+        rec["seconds"] = round(seconds, 3)
+        if answer is not None:
+            rec.update(model=answer.label or rec.get("model") or answer.model,
+                       ttft=None if answer.first_token is None else round(answer.first_token, 3),
+                       prompt_tokens=answer.prompt, completion_tokens=answer.completion,
+                       tokens_per_second=None if answer.rate is None else round(answer.rate, 1))
+        self._activity.record(rec)
+
+    def _follow(self, inner: Iterable[bytes], route: str, t0: float, answer, is_sse: bool,
+                rec: dict | None = None) -> Iterator[bytes]:
         first = True
         parser = sse.Parser() if answer is not None and is_sse else None
         body: list[bytes] | None = [] if answer is not None and not is_sse else None
@@ -181,9 +201,12 @@ class Metrics:
             close = getattr(inner, "close", None)
             if close is not None:
                 close()                       # the upstream first; then the bookkeeping
-            self._duration_of(route).observe(time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            self._duration_of(route).observe(seconds)
             if answer is not None:
                 _safely(answer.done)
+            if rec is not None:
+                _safely(lambda: self._ended(rec, seconds, answer))
 
     def model_label(self, requested: str | None, answered: str | None) -> str:
         name = requested
@@ -222,6 +245,8 @@ class Metrics:
     def rounds(self, n: int) -> None:
         """A chat request with web_search ended after `n` search rounds."""
         self._search_rounds.observe(n)
+        if self._activity is not None:
+            self._activity.rounds(n)
 
     def response(self):
         return common.response(self.collectors)
@@ -234,7 +259,7 @@ class _Answer:
 
     __slots__ = ("metrics", "t0", "requested", "model", "prompt", "completion",
                  "per_second", "timed_prompt", "timed_completion", "first_data", "last_data",
-                 "ended")
+                 "ended", "rate", "first_token", "label")
 
     def __init__(self, metrics: Metrics, t0: float, requested: bytes | str | None):
         # requested: the model the request named, or its body to read it from
@@ -243,6 +268,7 @@ class _Answer:
         self.timed_prompt = self.timed_completion = None
         self.first_data = self.last_data = None
         self.ended = False
+        self.rate = self.first_token = self.label = None       # what done() concluded
 
     def event(self, ev: sse.Event, now: float) -> None:
         if ev.data is None or ev.is_done:
@@ -304,12 +330,13 @@ class _Answer:
                 and self.last_data > self.first_data:
             rate = (self.completion - 1) / (self.last_data - self.first_data)
         first_token = None if self.first_data is None else self.first_data - self.t0
+        self.rate, self.first_token = rate, first_token
         if self.prompt is None and self.completion is None and first_token is None:
             return
         requested = self.requested
         if isinstance(requested, bytes):
             requested = _requested_model(requested)
-        model = self.metrics.model_label(requested, self.model)
+        self.label = model = self.metrics.model_label(requested, self.model)
         self.metrics.tokens(model, self.prompt, self.completion, rate, first_token)
 
 

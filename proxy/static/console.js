@@ -1,0 +1,585 @@
+// The coding-stack console: live from /events, /v1/models, /running, /healthz,
+// /logs/<model>/stream and /ui/activity on this origin. No library, no build step.
+// The API key (when the stack has one) lives in localStorage and goes only in the
+// Authorization header: /events and the log are read with fetch() streams, not
+// EventSource (which cannot send headers). Every array here is bounded.
+"use strict";
+
+const KEY_STORE = "coding-stack.api-key";
+const MAX_ACTIVITY = 200;      // as the proxy's ring
+const SHOWN_ACTIVITY = 50;
+const MAX_LOG_LINES = 1000;
+const MAX_SAMPLES = 300;       // one per POLL_MS: 10 minutes
+const POLL_MS = 2000;
+const MODELS_EVERY_MS = 10000;
+const STALE_MS = 45000;        // no byte on /events for this long: reconnect
+const TPS_WINDOW_S = 10;
+
+const S = {
+  authed: false,
+  models: [],             // /v1/models entries
+  modelIds: "",
+  status: {},             // id -> {value, failure?, ...} (events and /v1/models)
+  progress: {},           // id -> the last `progress` / `downloading` event
+  loadT0: {},             // id -> Date.now() when its load_started arrived
+  running: null,          // /running
+  runningAt: 0,           // Date.now() when /running answered
+  activity: [],
+  seq: 0,
+  samples: [],
+  lastEvent: null,
+  events: null,           // {ctl, lastByte}
+  log: null,              // {model, ctl}
+  timers: [],
+  refreshTimer: null,
+  modelsAt: 0,
+};
+
+class AuthError extends Error {}
+
+const $ = (id) => document.getElementById(id);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+function authHeaders() {
+  const k = localStorage.getItem(KEY_STORE);
+  return k ? { Authorization: "Bearer " + k } : {};
+}
+
+async function api(path, opts = {}) {
+  const r = await fetch(path, {
+    ...opts, cache: "no-store", credentials: "omit",
+    headers: { ...authHeaders(), ...(opts.headers || {}) },
+  });
+  if (r.status === 401) {
+    needKey(localStorage.getItem(KEY_STORE) ? "That key was refused." : "");
+    throw new AuthError("401");
+  }
+  return r;
+}
+
+async function apiJson(path, opts) {
+  const r = await api(path, opts);
+  let body = null;
+  try { body = await r.json(); } catch (e) { body = null; }
+  if (!r.ok) {
+    const msg = body && body.error && body.error.message ? body.error.message : "HTTP " + r.status;
+    throw new Error(msg);
+  }
+  return body;
+}
+
+// ------------------------------------------------------------------ the key
+function needKey(message) {
+  stopAll();
+  S.authed = false;
+  S.models = []; S.modelIds = ""; S.status = {}; S.progress = {}; S.loadT0 = {}; S.running = null;
+  S.activity = []; S.seq = 0; S.samples = []; S.lastEvent = null;
+  $("main").hidden = true;
+  $("models").tBodies[0].textContent = "";
+  $("activity").tBodies[0].textContent = "";
+  $("log").textContent = "";
+  $("keybox").hidden = false;
+  $("key-msg").textContent = message || "";
+  $("forget-key").hidden = !localStorage.getItem(KEY_STORE);
+  setConn("key", "API key needed");
+  $("key").focus();
+}
+
+function stopAll() {
+  for (const t of S.timers) clearInterval(t);
+  S.timers = [];
+  if (S.events) { S.events.ctl.abort(); S.events = null; }
+  stopLog();
+}
+
+// ------------------------------------------------------------------ start
+async function start() {
+  stopAll();
+  try {
+    await refreshModels();
+  } catch (e) {
+    if (e instanceof AuthError) return;
+    setConn("reconnecting", "reconnecting");
+  }
+  S.authed = true;
+  $("keybox").hidden = true;
+  $("main").hidden = false;
+  $("forget-key").hidden = !localStorage.getItem(KEY_STORE);
+  S.events = { ctl: new AbortController(), lastByte: Date.now(), conn: null };
+  followEvents(S.events);
+  poll();
+  S.timers.push(setInterval(poll, POLL_MS));
+  S.timers.push(setInterval(render, 1000));
+}
+
+// ------------------------------------------------------------------ /events
+async function followEvents(state) {
+  let backoff = 500;
+  while (!state.ctl.signal.aborted) {
+    const conn = new AbortController();
+    state.conn = conn;
+    const onAbort = () => conn.abort();
+    state.ctl.signal.addEventListener("abort", onAbort);
+    try {
+      const r = await api("/events", { signal: conn.signal, headers: { Accept: "text/event-stream" } });
+      if (!r.ok || !r.body) throw new Error("HTTP " + r.status);
+      state.lastByte = Date.now();
+      const reader = r.body.getReader();
+      const dec = new TextDecoder();
+      let buf = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        state.lastByte = Date.now();
+        buf += dec.decode(value, { stream: true }).replace(/\r\n?/g, "\n");
+        let i;
+        while ((i = buf.indexOf("\n\n")) >= 0) {
+          const block = buf.slice(0, i);
+          buf = buf.slice(i + 2);
+          const data = block.split("\n").filter((l) => l.startsWith("data:"))
+            .map((l) => l.slice(5).replace(/^ /, "")).join("\n");
+          if (!data) continue;
+          let ev = null;
+          try { ev = JSON.parse(data); } catch (e) { continue; }
+          backoff = 500;
+          setConn("live", "live");
+          onEvent(ev);
+        }
+        if (buf.length > 1 << 20) buf = "";          // no event is that big
+      }
+    } catch (e) {
+      if (e instanceof AuthError) return;
+    } finally {
+      state.ctl.signal.removeEventListener("abort", onAbort);
+    }
+    if (state.ctl.signal.aborted) return;
+    setConn("reconnecting", "reconnecting");
+    await sleep(backoff);
+    backoff = Math.min(backoff * 2, 10000);
+  }
+}
+
+function onEvent(ev) {
+  const m = ev.model;
+  S.lastEvent = ev;
+  switch (ev.event) {
+    case "state":
+      if (ev.models) S.status = { ...ev.models };
+      break;
+    case "load_started":
+      if (m) { S.status[m] = { value: "loading" }; delete S.progress[m]; S.loadT0[m] = Date.now(); }
+      break;
+    case "ready":
+      if (m) { S.status[m] = { value: "loaded" }; delete S.progress[m]; }
+      break;
+    case "unloading":
+      if (m) S.status[m] = { value: "unloading" };
+      break;
+    case "unloaded":
+      if (m && (S.status[m] || {}).value !== "failed") S.status[m] = { value: "unloaded" };
+      break;
+    case "load_failed":
+      if (m) S.status[m] = { value: "failed", failure: ev.error };
+      break;
+    case "progress":
+      if (m) S.progress[m] = ev;
+      break;
+    default:
+      if (m && typeof ev.event === "string" && ev.event.startsWith("download")) {
+        S.progress[m] = ev;
+        if (ev.event === "downloading") S.status[m] = { ...ev, value: "downloading" };
+      }
+  }
+  refreshSoon();
+  render();
+}
+
+// ------------------------------------------------------------------ polling
+function refreshSoon() {
+  if (S.refreshTimer) return;
+  S.refreshTimer = setTimeout(async () => {
+    S.refreshTimer = null;
+    try { await Promise.all([refreshModels(), refreshRunning()]); } catch (e) { /* next poll */ }
+    render();
+  }, 300);
+}
+
+async function refreshModels() {
+  const body = await apiJson("/v1/models");
+  S.modelsAt = Date.now();
+  S.models = (body && body.data) || [];
+  for (const mdl of S.models) if (mdl.status) S.status[mdl.id] = mdl.status;
+}
+
+async function refreshRunning() {
+  S.running = await apiJson("/running");
+  S.runningAt = Date.now();
+  followLogOf(S.running);
+}
+
+async function refreshActivity() {
+  const body = await apiJson("/ui/activity?since=" + S.seq);
+  if (body.newest < S.seq) {          // the proxy restarted: start over
+    S.seq = 0; S.activity = [];
+    return refreshActivity();
+  }
+  for (const e of body.data || []) S.activity.push(e);
+  if (S.activity.length > MAX_ACTIVITY) S.activity.splice(0, S.activity.length - MAX_ACTIVITY);
+  if (S.activity.length) S.seq = S.activity[S.activity.length - 1].seq;
+}
+
+async function refreshHealth() {
+  const h = $("health");
+  try {
+    const r = await fetch("/healthz", { cache: "no-store", credentials: "omit" });
+    const body = await r.json();
+    const up = body.upstream || {};
+    if (up.status === "unreachable") {
+      h.dataset.state = "unreachable"; h.textContent = "swapper: unreachable";
+    } else if (up.body && up.body.docker === false) {
+      h.dataset.state = "degraded"; h.textContent = "swapper: Docker unreachable";
+    } else if (up.status === "ok") {
+      h.dataset.state = "ok"; h.textContent = "swapper: ok";
+    } else {
+      h.dataset.state = "degraded"; h.textContent = "swapper: " + (up.status || "?");
+    }
+  } catch (e) {
+    h.dataset.state = "unreachable"; h.textContent = "proxy: unreachable";
+  }
+}
+
+async function poll() {
+  if (!S.authed) return;
+  const jobs = [refreshRunning(), refreshActivity(), refreshHealth()];
+  if (Date.now() - S.modelsAt > MODELS_EVERY_MS) jobs.push(refreshModels());
+  const results = await Promise.allSettled(jobs);
+  if (results.some((r) => r.status === "rejected" && r.reason instanceof AuthError)) return;
+  if (S.events && Date.now() - S.events.lastByte > STALE_MS && S.events.conn) {
+    S.events.conn.abort();            // a silent stream: reconnect
+    S.events.lastByte = Date.now();
+  }
+  sample();
+  render();
+}
+
+function sample() {
+  const now = Date.now() / 1000;
+  let tokens = 0;
+  for (const e of S.activity) {
+    const end = (e.time || 0) + (e.seconds || 0);
+    if (end > now - TPS_WINDOW_S && e.completion_tokens) tokens += e.completion_tokens;
+  }
+  const r = S.running || {};
+  S.samples.push({ t: now, tps: tokens / TPS_WINDOW_S, queued: r.queued || 0, inflight: r.in_flight || 0 });
+  if (S.samples.length > MAX_SAMPLES) S.samples.splice(0, S.samples.length - MAX_SAMPLES);
+}
+
+// ------------------------------------------------------------------ the log
+function followLogOf(running) {
+  const model = running && running.model && ["loading", "ready"].includes(running.state)
+    ? running.model : null;
+  if (!model || (S.log && S.log.model === model)) return;
+  stopLog();
+  const state = { model, ctl: new AbortController() };
+  S.log = state;
+  $("log-model").textContent = "(" + model + ")";
+  logLine("── " + model + " ──");
+  followLog(state);
+}
+
+function stopLog() {
+  if (S.log) { S.log.ctl.abort(); S.log = null; }
+}
+
+async function followLog(state) {
+  let backoff = 1000;
+  let tail = 200;
+  while (!state.ctl.signal.aborted) {
+    try {
+      const r = await api("/logs/" + encodeURIComponent(state.model) + "/stream?tail=" + tail,
+        { signal: state.ctl.signal });
+      if (r.ok && r.body) {
+        const reader = r.body.getReader();
+        const dec = new TextDecoder();
+        let buf = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += dec.decode(value, { stream: true });
+          const lines = buf.split("\n");
+          buf = lines.pop();
+          for (const l of lines) logLine(l.replace(/\r$/, ""));
+          if (buf.length > 65536) { logLine(buf); buf = ""; }
+          backoff = 1000;
+        }
+        if (buf) logLine(buf);
+        tail = 0;                     // a reconnect follows on, it does not repeat
+      }
+    } catch (e) {
+      if (e instanceof AuthError) return;
+    }
+    if (state.ctl.signal.aborted) return;
+    await sleep(backoff);
+    backoff = Math.min(backoff * 2, 10000);
+    // Still the resident model? (followLogOf starts another follower otherwise.)
+    const r = S.running;
+    if (!r || r.model !== state.model) { if (S.log === state) S.log = null; return; }
+  }
+}
+
+function logLine(text) {
+  const pre = $("log");
+  const stick = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+  pre.appendChild(document.createTextNode(text + "\n"));
+  while (pre.childNodes.length > MAX_LOG_LINES) pre.removeChild(pre.firstChild);
+  if (stick) pre.scrollTop = pre.scrollHeight;
+}
+
+// ------------------------------------------------------------------ actions
+async function act(button, path, what) {
+  button.disabled = true;
+  try {
+    const body = await apiJson(path, { method: "POST" });
+    if (body && body.loaded) toast(what + ": " + body.loaded + " ready in " + body.seconds + " s");
+  } catch (e) {
+    if (!(e instanceof AuthError)) toast(what + " failed: " + e.message);
+  } finally {
+    button.disabled = false;
+    refreshSoon();
+  }
+}
+
+let toastTimer = null;
+function toast(text) {
+  const t = $("toast");
+  t.textContent = text;
+  t.hidden = false;
+  clearTimeout(toastTimer);
+  toastTimer = setTimeout(() => { t.hidden = true; }, 8000);
+}
+
+// ------------------------------------------------------------------ rendering
+function setConn(state, text) {
+  const c = $("conn");
+  c.dataset.state = state;
+  c.textContent = text;
+}
+
+function fmtSeconds(s) {
+  if (s == null || !isFinite(s)) return "–";
+  if (s < 1) return Math.round(s * 1000) + " ms";
+  if (s < 90) return s.toFixed(1) + " s";
+  if (s < 5400) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
+  return (s / 3600).toFixed(1) + " h";
+}
+
+function fmtBytes(n) {
+  if (n == null || !isFinite(n)) return "?";
+  const u = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (n >= 1000 && i < u.length - 1) { n /= 1000; i++; }
+  return n.toFixed(i ? 1 : 0) + " " + u[i];
+}
+
+function pick(obj, names) {
+  for (const n of names) if (obj && obj[n] != null) return obj[n];
+  return null;
+}
+
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text != null) e.textContent = text;
+  return e;
+}
+
+function residentSince() {
+  const r = S.running;
+  if (!r || r.since_seconds == null) return null;
+  return r.since_seconds + (Date.now() - S.runningAt) / 1000;
+}
+
+function buildModelRows() {
+  const ids = S.models.map((m) => m.id).join("\n");
+  if (ids === S.modelIds) return;
+  S.modelIds = ids;
+  const tbody = $("models").tBodies[0];
+  tbody.textContent = "";
+  for (const m of S.models) {
+    const tr = el("tr");
+    tr.dataset.model = m.id;
+    const vram = pick(m, ["vram", "vram_gb", "estimated_vram", "vram_estimate"]);
+    tr.append(el("td", "id", m.id), el("td", null, (m.aliases || []).join(", ")),
+      el("td", null, m.kind || ""), el("td", null, (m.gpus || []).length ? "GPU " + m.gpus.join(", ") : "CPU"),
+      el("td", "num", m.context_length ? String(m.context_length) : "–"),
+      el("td", "num", vram == null ? "–" : (typeof vram === "number" ? vram + " GB" : String(vram))));
+    const st = el("td", "status");
+    st.append(el("span", "value"), el("span", "detail"));
+    const actions = el("td", "actions");
+    const load = el("button", "load", "Load");
+    load.type = "button";
+    load.addEventListener("click", () => act(load, "/load/" + encodeURIComponent(m.id), "load"));
+    const unload = el("button", "unload", "Unload");
+    unload.type = "button";
+    unload.addEventListener("click", () => act(unload, "/unload", "unload"));
+    actions.append(load, unload);
+    tr.append(st, actions);
+    tbody.append(tr);
+  }
+}
+
+function statusText(id) {
+  const st = S.status[id] || { value: "unloaded" };
+  const p = S.progress[id];
+  let detail = "";
+  if (st.value === "loading") {
+    const r = S.running;
+    const elapsed = r && r.model === id && r.state === "loading" ? residentSince()
+      : S.loadT0[id] ? (Date.now() - S.loadT0[id]) / 1000 : (p && p.seconds);
+    detail = fmtSeconds(elapsed);
+    if (p && p.detail) detail += " · " + p.detail;
+  } else if (st.value === "downloading") {
+    const src = { ...(p || {}), ...st };
+    const done = pick(src, ["downloaded", "bytes", "done_bytes", "bytes_done", "done"]);
+    const total = pick(src, ["total", "total_bytes", "size", "bytes_total"]);
+    const rate = pick(src, ["rate", "bytes_per_second", "speed"]);
+    const eta = pick(src, ["eta", "eta_seconds"]);
+    const parts = [];
+    if (done != null) parts.push(fmtBytes(done) + (total ? " / " + fmtBytes(total) : ""));
+    if (rate != null) parts.push(fmtBytes(rate) + "/s");
+    if (eta != null) parts.push("~" + fmtSeconds(eta));
+    if (src.detail || src.message) parts.push(src.detail || src.message);
+    detail = parts.join(" · ");
+  } else if (st.value === "failed") {
+    detail = st.failure || "";
+  }
+  return { value: st.value, detail, done: st.value === "downloading" ? src_fraction(st, p) : null };
+}
+
+function src_fraction(st, p) {
+  const src = { ...(p || {}), ...st };
+  const done = pick(src, ["downloaded", "bytes", "done_bytes", "bytes_done", "done"]);
+  const total = pick(src, ["total", "total_bytes", "size", "bytes_total"]);
+  return done != null && total ? Math.max(0, Math.min(1, done / total)) : null;
+}
+
+function renderModels() {
+  buildModelRows();
+  for (const tr of $("models").tBodies[0].rows) {
+    const id = tr.dataset.model;
+    const s = statusText(id);
+    const cell = tr.querySelector("td.status");
+    cell.dataset.value = s.value;
+    cell.querySelector(".value").textContent = s.value;
+    const d = cell.querySelector(".detail");
+    d.textContent = s.detail;
+    d.title = s.detail;
+    let bar = cell.querySelector(".bar");
+    if (s.done != null) {
+      if (!bar) { bar = el("span", "bar"); bar.append(el("i")); cell.append(bar); }
+      bar.firstChild.style.width = (s.done * 100).toFixed(1) + "%";
+    } else if (bar) bar.remove();
+    tr.querySelector("button.unload").disabled = !["loaded", "loading", "downloading"].includes(s.value);
+  }
+}
+
+function renderResident() {
+  const r = S.running;
+  $("r-model").textContent = r && r.model ? r.model : "none";
+  $("r-phase").textContent = r ? r.state : "–";
+  $("r-since").textContent = r ? fmtSeconds(residentSince()) + " ago" : "–";
+  $("r-inflight").textContent = r ? String(r.in_flight) + (r.slots ? " / " + r.slots + " slots" : "") : "–";
+  $("r-queued").textContent = r ? String(r.queued) : "–";
+  $("r-lastload").textContent = r && r.last_load_seconds != null ? fmtSeconds(r.last_load_seconds) : "–";
+  const e = S.lastEvent;
+  $("r-event").textContent = e ? e.event + (e.model ? " " + e.model : "") + " at "
+    + new Date(e.time * 1000).toLocaleTimeString() : "–";
+}
+
+function renderActivity() {
+  const tbody = $("activity").tBodies[0];
+  const shown = S.activity.slice(-SHOWN_ACTIVITY).reverse();
+  const key = shown.map((e) => e.seq).join(",");
+  $("activity-empty").hidden = shown.length > 0;
+  if (tbody.dataset.key === key) return;
+  tbody.dataset.key = key;
+  tbody.textContent = "";
+  for (const e of shown) {
+    const tr = el("tr");
+    tr.dataset.seq = e.seq;
+    const num = (v) => (v == null ? "–" : String(v));
+    tr.append(el("td", null, new Date(e.time * 1000).toLocaleTimeString()),
+      el("td", "dialect", e.dialect + (e.stream ? " (stream)" : "")),
+      el("td", "model", e.model || "–"), el("td", "status", String(e.status)),
+      el("td", "num ttft", e.ttft == null ? "–" : fmtSeconds(e.ttft)),
+      el("td", "num tokens-in", num(e.prompt_tokens)), el("td", "num tokens-out", num(e.completion_tokens)),
+      el("td", "num tps", num(e.tokens_per_second)),
+      el("td", "num rounds", num(e.search_rounds)), el("td", "num", fmtSeconds(e.seconds)));
+    tbody.append(tr);
+  }
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+function renderChart() {
+  const svg = $("chart");
+  const W = 600, H = 140, pad = 16;
+  const xs = S.samples;
+  svg.textContent = "";
+  const now = Date.now() / 1000, span = MAX_SAMPLES * POLL_MS / 1000;
+  const x = (t) => pad + (W - 2 * pad) * (1 - (now - t) / span);
+  const maxT = Math.max(1, ...xs.map((s) => s.tps));
+  const maxQ = Math.max(2, ...xs.map((s) => Math.max(s.queued, s.inflight)));
+  for (const f of [0, 0.5, 1]) {
+    const line = document.createElementNS(SVG, "line");
+    line.setAttribute("class", "grid");
+    line.setAttribute("x1", pad); line.setAttribute("x2", W - pad);
+    line.setAttribute("y1", H - pad - f * (H - 2 * pad)); line.setAttribute("y2", H - pad - f * (H - 2 * pad));
+    svg.append(line);
+  }
+  const label = (text, lx, ly, anchor) => {
+    const t = document.createElementNS(SVG, "text");
+    t.setAttribute("x", lx); t.setAttribute("y", ly); t.setAttribute("text-anchor", anchor);
+    t.textContent = text; svg.append(t);
+  };
+  label(maxT.toFixed(maxT < 10 ? 1 : 0) + " tok/s", pad, pad - 4, "start");
+  label(maxQ + " requests", W - pad, pad - 4, "end");
+  const series = (cls, f, max) => {
+    if (xs.length < 2) return;
+    const p = document.createElementNS(SVG, "polyline");
+    p.setAttribute("class", cls);
+    p.setAttribute("points", xs.map((s) => x(s.t).toFixed(1) + "," +
+      (H - pad - (f(s) / max) * (H - 2 * pad)).toFixed(1)).join(" "));
+    svg.append(p);
+  };
+  series("tps", (s) => s.tps, maxT);
+  series("queue", (s) => s.queued, maxQ);
+  series("inflight", (s) => s.inflight, maxQ);
+  const last = xs[xs.length - 1] || { tps: 0, queued: 0, inflight: 0 };
+  $("c-tps").textContent = last.tps.toFixed(1);
+  $("c-queue").textContent = String(last.queued);
+  $("c-inflight").textContent = String(last.inflight);
+}
+
+function render() {
+  if (!S.authed) return;
+  renderModels();
+  renderResident();
+  renderActivity();
+  renderChart();
+}
+
+// ------------------------------------------------------------------ wiring
+$("key-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const k = $("key").value.trim();
+  if (!k) return;
+  localStorage.setItem(KEY_STORE, k);
+  $("key").value = "";
+  $("key-msg").textContent = "";
+  start();
+});
+$("forget-key").addEventListener("click", () => {
+  localStorage.removeItem(KEY_STORE);
+  needKey("");
+});
+start();
