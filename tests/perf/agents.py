@@ -23,7 +23,8 @@ Paths, all to that one backend (one slot = one prompt cache):
   direct raw    the agent's body to llama-server's /v1/messages or /v1/responses
                 (status only: the template refuses the late system message with 500)
   direct        the body after proxy.agents.fix (what the proxy does first), same URL
-  stack         the agent's raw body to the proxy (default settings) -> swapper
+  stack         the agent's raw body to the proxy (default settings but
+                TOOL_MAX_TOKENS_FLOOR=0: see main) -> swapper
 
 Each path replays all sessions back to back from an erased slot (A1..A6 then B1..B3,
 so B1 meets A6's cache); the paths run one after the other, the order alternating
@@ -84,7 +85,7 @@ def capped(agent: str, body: dict, n: int) -> dict:
     b = copy.deepcopy(body)
     b["stream"] = True
     b[AGENTS[agent][3]] = n
-    b["n_predict"] = n          # llama-server takes it before max_tokens (the proxy's floor)
+    b["n_predict"] = n          # /v1/responses: llama-server takes it before max_tokens
     b["temperature"] = 0
     return b
 
@@ -553,7 +554,12 @@ def main() -> None:
                         AGENTS_THREADS=str(args.threads)) as sw:
         log("loading the backend (llama-server, Qwen 3.5 template, -c 32768)")
         requests.post(sw.url + f"/load/{MODEL}", timeout=600).raise_for_status()
-        proxy = ProxyProcess(BACKEND_URL=sw.url, LOG_LEVEL="WARNING").start()
+        # The tool floor raises max_tokens 8 -> 1,024, and this llama-server's
+        # /v1/messages ignores n_predict: Claude Code's turns generated 1,024 tokens
+        # through the stack (5+ min a turn here) against 8 direct. The floor only sets
+        # the generation's length, never the prompt: off, so both paths generate 8.
+        proxy = ProxyProcess(BACKEND_URL=sw.url, LOG_LEVEL="WARNING",
+                             TOOL_MAX_TOKENS_FLOOR="0").start()
         try:
             backend = Backend(sw.backend_url)
             res["backend_props"] = {k: v for k, v in backend.http.get(
