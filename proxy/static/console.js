@@ -184,11 +184,20 @@ function onEvent(ev) {
     case "progress":
       if (m) S.progress[m] = ev;
       break;
-    default:
-      if (m && typeof ev.event === "string" && ev.event.startsWith("download")) {
-        S.progress[m] = ev;
-        if (ev.event === "downloading") S.status[m] = { ...ev, value: "downloading" };
+    case "download_started":
+    case "download_progress": {
+      if (m) {
+        const { event, time, model, ...fields } = ev;
+        S.status[m] = { ...(S.status[m] || {}), ...fields, value: "downloading" };
       }
+      break;
+    }
+    case "downloaded":
+      if (m) S.status[m] = { value: "unloaded" };
+      break;
+    case "download_failed":
+      if (m) S.status[m] = { value: "failed", failure: ev.error };
+      break;
   }
   refreshSoon();
   render();
@@ -439,28 +448,18 @@ function statusText(id) {
     detail = fmtSeconds(elapsed);
     if (p && p.detail) detail += " · " + p.detail;
   } else if (st.value === "downloading") {
-    const src = { ...(p || {}), ...st };
-    const done = pick(src, ["downloaded", "bytes", "done_bytes", "bytes_done", "done"]);
-    const total = pick(src, ["total", "total_bytes", "size", "bytes_total"]);
-    const rate = pick(src, ["rate", "bytes_per_second", "speed"]);
-    const eta = pick(src, ["eta", "eta_seconds"]);
-    const parts = [];
-    if (done != null) parts.push(fmtBytes(done) + (total ? " / " + fmtBytes(total) : ""));
-    if (rate != null) parts.push(fmtBytes(rate) + "/s");
-    if (eta != null) parts.push("~" + fmtSeconds(eta));
-    if (src.detail || src.message) parts.push(src.detail || src.message);
+    // The swapper's fields (scheduler.download_progress): done_bytes, total_bytes,
+    // bytes_per_second, eta_seconds (any of them null until known).
+    const parts = [fmtBytes(st.done_bytes || 0) + (st.total_bytes ? " / " + fmtBytes(st.total_bytes) : "")];
+    if (st.bytes_per_second) parts.push(fmtBytes(st.bytes_per_second) + "/s");
+    if (st.eta_seconds != null) parts.push("~" + fmtSeconds(st.eta_seconds) + " left");
     detail = parts.join(" · ");
   } else if (st.value === "failed") {
     detail = st.failure || "";
   }
-  return { value: st.value, detail, done: st.value === "downloading" ? src_fraction(st, p) : null };
-}
-
-function src_fraction(st, p) {
-  const src = { ...(p || {}), ...st };
-  const done = pick(src, ["downloaded", "bytes", "done_bytes", "bytes_done", "done"]);
-  const total = pick(src, ["total", "total_bytes", "size", "bytes_total"]);
-  return done != null && total ? Math.max(0, Math.min(1, done / total)) : null;
+  const fraction = st.value === "downloading" && st.total_bytes
+    ? Math.max(0, Math.min(1, (st.done_bytes || 0) / st.total_bytes)) : null;
+  return { value: st.value, detail, done: fraction };
 }
 
 function renderModels() {
@@ -491,6 +490,9 @@ function renderResident() {
   $("r-inflight").textContent = r ? String(r.in_flight) + (r.slots ? " / " + r.slots + " slots" : "") : "–";
   $("r-queued").textContent = r ? String(r.queued) : "–";
   $("r-lastload").textContent = r && r.last_load_seconds != null ? fmtSeconds(r.last_load_seconds) : "–";
+  const downloads = Object.entries(S.status).filter(([, st]) => st.value === "downloading")
+    .map(([id, st]) => id + " " + fmtBytes(st.done_bytes) + (st.total_bytes ? " / " + fmtBytes(st.total_bytes) : ""));
+  $("r-downloads").textContent = downloads.length ? downloads.join(", ") : "none";
   const e = S.lastEvent;
   $("r-event").textContent = e ? e.event + (e.model ? " " + e.model : "") + " at "
     + new Date(e.time * 1000).toLocaleTimeString() : "–";

@@ -148,6 +148,13 @@ def test_models_load_activity_log_unload(page, proxy, swapper, tmp_path):
     assert status_of(page, "tiny-a") == "unloaded"
     page.screenshot(path=str(tmp_path / "4-unloaded-again.png"), full_page=True)
 
+    # A model that cannot start: failed, with its message (the container's last words).
+    broken = page.locator('#models tr[data-model="broken"]')
+    broken.locator("button.load").click()
+    wait_status(page, "broken", "failed", timeout=WAIT_MS)
+    assert broken.locator("td.status .detail").inner_text().strip()
+    page.screenshot(path=str(tmp_path / "4b-failed.png"), full_page=True)
+
     # The swapper restarts: the page says so, then follows the new one.
     swapper.stop()
     page.wait_for_function("() => document.getElementById('conn').textContent === 'reconnecting'",
@@ -208,3 +215,75 @@ def test_key_asked_nothing_shown_without_it(page, keyed_proxy, tmp_path):
     page.wait_for_selector('#models tr[data-model="tiny-a"]', timeout=10_000)
     assert page.locator("#keybox").is_hidden()
     assert json.loads(page.evaluate("JSON.stringify(localStorage.getItem('coding-stack.api-key'))")) == KEY
+
+
+def test_downloading_failed_and_bounded_memory(page, proxy, tmp_path):
+    """The page's side of states this stack makes rarely or slowly, from stubbed data
+    calls (the real proxy serves the page): a download in progress in the swapper's
+    fields, a failure with its message, and bounded memory when fed far more
+    requests and log lines than it keeps."""
+    progress = {"event": "download_progress", "time": 1.0, "model": "big",
+                "done_bytes": 12_400_000_000, "total_bytes": 28_500_000_000,
+                "bytes_per_second": 85_000_000, "eta_seconds": 190.0}
+    downloading = {"value": "downloading", **{k: v for k, v in progress.items()
+                                              if k not in ("event", "time", "model")}}
+    models = {"object": "list", "data": [
+        {"id": "big", "aliases": ["b"], "kind": "llamacpp", "gpus": [0, 1],
+         "context_length": 131072, "status": downloading},
+        {"id": "bad", "aliases": [], "kind": "vllm", "gpus": [0], "context_length": 8192,
+         "status": {"value": "failed", "failure": "the container exited: no such file"}},
+        {"id": "small", "aliases": [], "kind": "llamacpp", "gpus": [],
+         "context_length": 4096, "status": {"value": "loaded"}}]}
+    events = "".join("data: " + json.dumps(e) + "\n\n" for e in (
+        {"event": "state", "time": 1.0, "model": "small", "state": "ready",
+         "models": {m["id"]: m["status"] for m in models["data"]}},
+        {"event": "download_started", "time": 1.0, "model": "big"}, progress))
+    running = {"model": "small", "state": "ready", "since_seconds": 5.0, "in_flight": 1,
+               "queued": 3, "slots": 2, "last_load_seconds": 2.5, "epoch": 1,
+               "downloads": {"big": progress}}
+    many = [{"seq": i, "time": 1_700_000_000 + i, "dialect": "chat", "model": "small",
+             "status": 200, "ttft": 0.1, "prompt_tokens": 10, "completion_tokens": 5,
+             "tokens_per_second": 50.0, "seconds": 0.2} for i in range(1, 501)]
+    log = "".join(f"line {i}\n" for i in range(3000))
+
+    def fulfil(route):
+        path = route.request.url.split("://", 1)[1].split("/", 1)[1]
+        if path.startswith("ui/activity"):
+            since = int(path.partition("since=")[2] or 0)
+            body = {"object": "list", "data": [e for e in many if e["seq"] > since],
+                    "newest": 500}
+            return route.fulfill(json=body)
+        if path.startswith("events"):
+            return route.fulfill(body=events, content_type="text/event-stream")
+        if path.startswith("v1/models"):
+            return route.fulfill(json=models)
+        if path.startswith("running"):
+            return route.fulfill(json=running)
+        if path.startswith("logs/small/stream"):
+            return route.fulfill(body=log, content_type="text/plain")
+        return route.continue_()
+
+    page.route("**/*", fulfil)
+    page.goto(proxy.url + "/ui")
+    wait_status(page, "big", "downloading", timeout=10_000)
+    detail = page.locator('#models tr[data-model="big"] td.status .detail').inner_text()
+    assert detail == "12.4 GB / 28.5 GB · 85.0 MB/s · ~3 min 10 s left", detail
+    width = page.locator('#models tr[data-model="big"] .bar > i').evaluate("e => e.style.width")
+    assert width == "43.5%"
+    assert page.locator('#models tr[data-model="big"] td').nth(3).inner_text() == "GPU 0, 1"
+    assert "12.4 GB / 28.5 GB" in page.locator("#r-downloads").inner_text()
+    wait_status(page, "bad", "failed")
+    assert "no such file" in page.locator(
+        '#models tr[data-model="bad"] td.status .detail').inner_text()
+    assert page.locator("#r-queued").inner_text() == "3"
+    assert page.locator("#r-inflight").inner_text() == "1 / 2 slots"
+    page.wait_for_function("() => document.getElementById('log').textContent"
+                           ".includes('line 2999')", timeout=10_000)
+    page.screenshot(path=str(tmp_path / "downloading.png"), full_page=True)
+
+    page.wait_for_timeout(2 * 2000 + 500)          # polls: the stubbed stream reconnects too
+    rows = page.locator("#activity tbody tr").count()
+    log_lines = page.evaluate("() => document.getElementById('log').childNodes.length")
+    assert rows == 50 and log_lines <= 1000, (rows, log_lines)
+    assert page.evaluate("() => S.activity.length") == 200          # as the proxy's ring
+    assert page.locator("#activity tbody tr").first.get_attribute("data-seq") == "500"
