@@ -322,3 +322,109 @@ class FakeSlotServer:
     def __exit__(self, *exc):
         self._server.shutdown()
         self._server.server_close()
+
+
+class FakeHub:
+    """A stand-in for the Hugging Face Hub over HTTP (HF_ENDPOINT): serves
+    `/<repo>/resolve/<rev>/<file>` with HEAD (Content-Length, X-Linked-Size, ETag,
+    X-Repo-Commit) and Range GETs, as the Hub does. `files` maps "repo/path" to
+    bytes or a file Path. Levers: `rate` (bytes/s, to watch progress), `status`
+    (an HTTP status every request gets, e.g. 401 for a gated repo), `reset_after`
+    (bytes after which a GET's connection is cut), `token` (required when set).
+    `requests` lists (method, path, range) as they came."""
+
+    def __init__(self, files: dict, rate: float | None = None):
+        import http.server
+        import socketserver
+        import time as _time
+        from pathlib import Path as _Path
+        self.files = files
+        self.rate = rate
+        self.status: int | None = None
+        self.reset_after: int | None = None
+        self.token: str | None = None
+        self.requests: list[tuple[str, str, str | None]] = []
+        hub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _body(self):
+                parts = self.path.split("/resolve/", 1)
+                if len(parts) != 2:
+                    return None
+                repo, rest = parts[0].lstrip("/"), parts[1]
+                path = rest.split("/", 1)[1] if "/" in rest else ""
+                data = hub.files.get(f"{repo}/{path}")
+                if isinstance(data, _Path):
+                    data = data.read_bytes()
+                return data
+
+            def _refuse(self, status, text):
+                body = text.encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("X-Error-Code", "GatedRepo" if status == 401 else "EntryNotFound")
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def _answer(self, head: bool):
+                rng = self.headers.get("Range")
+                hub.requests.append((self.command, self.path, rng))
+                if hub.token and self.headers.get("Authorization") != f"Bearer {hub.token}":
+                    return self._refuse(401, "Access to model is restricted: gated repo")
+                if hub.status:
+                    return self._refuse(hub.status, f"status {hub.status}")
+                data = self._body()
+                if data is None:
+                    return self._refuse(404, "Entry not found")
+                start = 0
+                if rng and rng.startswith("bytes="):
+                    start = int(rng[6:].split("-")[0])
+                self.send_response(206 if start else 200)
+                self.send_header("Content-Length", str(len(data) - start))
+                self.send_header("X-Linked-Size", str(len(data)))
+                self.send_header("ETag", '"fake-etag"')
+                self.send_header("X-Repo-Commit", "0" * 40)
+                self.send_header("Accept-Ranges", "bytes")
+                if start:
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                self.end_headers()
+                if head:
+                    return
+                sent, pos, step = 0, start, 256 * 1024
+                while pos < len(data):
+                    if hub.reset_after is not None and sent >= hub.reset_after:
+                        self.close_connection = True
+                        self.connection.shutdown(2)
+                        return
+                    chunk = data[pos:pos + step]
+                    self.wfile.write(chunk)
+                    pos += len(chunk)
+                    sent += len(chunk)
+                    if hub.rate:
+                        _time.sleep(len(chunk) / hub.rate)
+
+            def do_HEAD(self):
+                self._answer(True)
+
+            def do_GET(self):
+                self._answer(False)
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self):
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,207 @@
+"""Downloads on first use, on the fake runtime with the real download code
+(scripts/models.py's fetch_model over HTTP) against a stand-in Hub (HF_ENDPOINT):
+one download however many requests wait for it, other models served meanwhile,
+progress in the waiting stream and the model status, AUTO_DOWNLOAD=0's clear
+error, and failures (401, a full disk, a connection cut mid-file) that end the
+wait with their cause and never leave a partial file under the final name."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from swapper.app import create_app
+from swapper.settings import Settings
+from tests.support.chat import Reply, ScriptedChat
+from tests.support.fake_runtime import FakeHub, FakeRuntime
+from tests.support.swapperproc import FIXTURE_BACKENDS
+
+ENV = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
+       "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
+       "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
+DATA = bytes(range(256)) * (4 * 4096)          # 4 MiB
+MANIFEST = """
+[tiny-a]
+source = "hf"
+repo = "org/tiny-GGUF"
+files = [ { local = "tiny/tiny-a.gguf", remote = "tiny-a.gguf" } ]
+"""
+
+
+@pytest.fixture
+def chat():
+    with ScriptedChat() as c:
+        yield c
+
+
+@pytest.fixture
+def hub():
+    with FakeHub({"org/tiny-GGUF/tiny-a.gguf": DATA}, rate=4 * 2 ** 20) as h:
+        yield h
+
+
+def make_app(tmp_path, hub, urls, **settings):
+    manifest = tmp_path / "models.toml"
+    manifest.write_text(MANIFEST)
+    models = tmp_path / "models"
+    models.mkdir(exist_ok=True)
+    s = Settings(BACKENDS_DIR=str(FIXTURE_BACKENDS),
+                 env={**ENV, "HF_ENDPOINT": hub.url, "MODELS_DIR": str(models)},
+                 WATCH_INTERVAL=0.05, CRASH_BACKOFF=0.01, KEEPALIVE_INTERVAL=0.1,
+                 MODELS_MANIFEST=str(manifest), **settings)
+    runtime = FakeRuntime(urls)
+    return create_app(s, runtime=runtime), runtime, models / "tiny" / "tiny-a.gguf"
+
+
+def body(model, stream=True):
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+
+
+def gets(hub):
+    return [r for r in hub.requests if r[0] == "GET"]
+
+
+def test_missing_file_is_downloaded_once_for_two_requests_then_loaded(tmp_path, hub, chat):
+    chat.script(Reply("one"), Reply("two"))
+    app, runtime, target = make_app(tmp_path, hub, {"tiny-a": chat.url})
+    sched = app.extensions["swapper"].scheduler
+    assert sched.model_status("tiny-a")["value"] == "unloaded"
+    answers = {}
+
+    def ask(i):
+        answers[i] = app.test_client().post("/v1/chat/completions", json=body("tiny-a"),
+                                            buffered=True).data.decode()
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    threads[0].start()
+    deadline = time.monotonic() + 5
+    while sched.model_status("tiny-a")["value"] != "downloading":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    threads[1].start()                                   # joins the running download
+    for t in threads:
+        t.join(30)
+    for text in answers.values():
+        assert ": downloading tiny-a: " in text          # progress comments while waiting
+        assert " / 4.2 MB" in text
+        assert "data: [DONE]" in text
+    assert len(gets(hub)) == 1, hub.requests             # one download for both
+    assert target.read_bytes() == DATA
+    assert not target.with_name("tiny-a.gguf.part").exists()
+    assert [c for c in runtime.calls if c[0] == "start"] == [("start", "tiny-a")]
+    assert sched.model_status("tiny-a")["value"] == "loaded"
+
+
+def test_progress_reaches_the_model_status(tmp_path, hub, chat):
+    hub.rate = 2 * 2 ** 20                                # ~2 s
+    chat.script(Reply("one"))
+    app, _, _ = make_app(tmp_path, hub, {"tiny-a": chat.url})
+    c = app.test_client()
+    t = threading.Thread(target=lambda: app.test_client().post(
+        "/load/tiny-a", buffered=True))
+    t.start()
+    seen = None
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        st = next(m for m in c.get("/v1/models").json["data"] if m["id"] == "tiny-a")["status"]
+        if st["value"] == "downloading" and st.get("done_bytes") and st.get("eta_seconds"):
+            seen = st
+            break
+        time.sleep(0.05)
+    assert seen is not None
+    assert seen["total_bytes"] == len(DATA) and 0 < seen["done_bytes"] < len(DATA)
+    assert seen["bytes_per_second"] > 0
+    t.join(30)
+    st = next(m for m in c.get("/v1/models").json["data"] if m["id"] == "tiny-a")["status"]
+    assert st["value"] == "loaded"
+
+
+def test_another_model_is_served_during_a_download(tmp_path, hub, chat):
+    hub.rate = 1 * 2 ** 20                                # ~4 s
+    chat.script(Reply("b-first"), Reply("a-after"), Reply("b-meanwhile"))
+    app, runtime, _ = make_app(tmp_path, hub, {"tiny-a": chat.url, "tiny-b": chat.url})
+    c = app.test_client()
+    sched = app.extensions["swapper"].scheduler
+    assert c.post("/v1/chat/completions", json=body("tiny-b", False), buffered=True).status_code == 200
+    done = {}
+    t = threading.Thread(target=lambda: done.setdefault("a", app.test_client().post(
+        "/v1/chat/completions", json=body("tiny-a"), buffered=True).data))
+    t.start()
+    deadline = time.monotonic() + 5
+    while sched.model_status("tiny-a")["value"] != "downloading":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # The resident model stays, and answers while tiny-a downloads.
+    assert sched.model_status("tiny-b")["value"] == "loaded"
+    t0 = time.monotonic()
+    r = c.post("/v1/chat/completions", json=body("tiny-b", False), buffered=True)
+    assert r.status_code == 200 and time.monotonic() - t0 < 1.0
+    assert sched.model_status("tiny-a")["value"] == "downloading"
+    t.join(30)
+    assert b"data: [DONE]" in done["a"]
+    starts = [c for c in runtime.calls if c[0] == "start"]
+    assert starts == [("start", "tiny-b"), ("start", "tiny-a")]
+
+
+def test_auto_download_off_is_a_clear_409(tmp_path, hub, chat):
+    app, runtime, target = make_app(tmp_path, hub, {"tiny-a": chat.url}, AUTO_DOWNLOAD=False)
+    r = app.test_client().post("/v1/chat/completions", json=body("tiny-a", False), buffered=True)
+    assert r.status_code == 409
+    msg = r.json["error"]["message"]
+    assert "./download-model.sh tiny-a" in msg and "AUTO_DOWNLOAD=0" in msg
+    assert r.json["error"]["code"] == "model_not_downloaded"
+    assert hub.requests == [] and not target.exists()
+    assert not [c for c in runtime.calls if c[0] == "start"]
+    st = app.extensions["swapper"].scheduler.model_status("tiny-a")
+    assert st["value"] == "failed" and "download-model.sh" in st["failure"]
+
+
+def failed_stream(app) -> str:
+    return app.test_client().post("/v1/chat/completions", json=body("tiny-a"),
+                                  buffered=True).data.decode()
+
+
+def no_partial_loaded(runtime, target):
+    assert not target.exists()                           # nothing under the final name
+    assert not [c for c in runtime.calls if c[0] == "start"]
+
+
+def test_gated_repo_401_ends_the_wait_with_the_token_advice(tmp_path, hub, chat):
+    hub.token = "hf_right"
+    app, runtime, target = make_app(tmp_path, hub, {"tiny-a": chat.url})
+    text = failed_stream(app)
+    assert "needs a Hugging Face token" in text and "HF_TOKEN" in text
+    assert "download_failed" in text
+    no_partial_loaded(runtime, target)
+    # non-streamed: the same cause, a 502
+    r = app.test_client().post("/v1/chat/completions", json=body("tiny-a", False), buffered=True)
+    assert r.status_code == 502 and "needs a Hugging Face token" in r.json["error"]["message"]
+
+
+def test_a_full_disk_ends_the_wait_with_that_cause(tmp_path, hub, chat, monkeypatch):
+    app, runtime, target = make_app(tmp_path, hub, {"tiny-a": chat.url})
+    models = app.extensions["swapper"].driver.downloads.models
+    monkeypatch.setattr(models.shutil, "disk_usage",
+                        lambda p: type("U", (), {"free": 1000, "total": 10 ** 9})())
+    r = app.test_client().post("/v1/chat/completions", json=body("tiny-a", False), buffered=True)
+    assert r.status_code == 507
+    assert "the disk is full" in r.json["error"]["message"]
+    assert gets(hub) == []
+    no_partial_loaded(runtime, target)
+
+
+def test_a_connection_cut_mid_file_fails_then_the_next_request_resumes(tmp_path, hub, chat):
+    hub.reset_after = 1 * 2 ** 20
+    chat.script(Reply("whole"))
+    app, runtime, target = make_app(tmp_path, hub, {"tiny-a": chat.url})
+    text = failed_stream(app)
+    assert "download failed" in text and ("connection" in text or "arrived" in text), text
+    no_partial_loaded(runtime, target)
+    part = target.with_name("tiny-a.gguf.part")
+    assert 0 < part.stat().st_size < len(DATA)          # kept aside, to resume
+    hub.reset_after = None
+    ok = failed_stream(app)
+    assert "data: [DONE]" in ok, ok
+    assert gets(hub)[-1][2] == f"bytes={part.stat().st_size if part.exists() else 0}-" or \
+        gets(hub)[-1][2].startswith("bytes=")           # resumed with a Range request
+    assert target.read_bytes() == DATA and not part.exists()
