@@ -469,7 +469,9 @@ class Answer(requests.Response):
             return
         h, sock = conn.h11, conn.sock
         try:
-            while True:
+            # their_state DONE already: a reader before this one took the end,
+            # with the last payload of the same receive (end()'s rest reader).
+            while h.their_state is not h11.DONE:
                 event = h.next_event()
                 if type(event) is h11.Data:             # all that one receive held, at once
                     got = [event.data]
@@ -494,6 +496,11 @@ class Answer(requests.Response):
         except OSError as e:
             self.close()
             raise BrokenBody(f"Connection broken: {e!r}") from None
+        except GeneratorExit:
+            # A reader given up (a relay's generator that ended at the stream's
+            # logical end and was collected): not the answer closed. Its owner
+            # says what becomes of the connection, end() or close().
+            raise
         except BaseException:
             self.close()
             raise

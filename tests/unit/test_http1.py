@@ -125,6 +125,20 @@ def test_a_stream_ended_at_its_done_keeps_its_connection(scripted, last):
     assert srv.connections == 1
 
 
+def test_a_stream_whose_end_came_with_its_done_is_pooled_at_once(scripted):
+    """The last chunk in the same receive as [DONE]: the caller's reader has
+    taken the end already, and end()'s reader must not wait for more (it did,
+    END_WAIT long, then closed the connection: a new one for the next turn)."""
+    srv = scripted([SSE_HEAD + b"a\r\ndata: {}\n\n\r\n" + DONE + b"0\r\n\r\n"], OK)
+    c = Client()
+    r = c.request("POST", srv.url + "/v1/chat/completions", body=b"{}")
+    assert _read_to_done(r).endswith(b"[DONE]\n\n")
+    r.end()
+    wait_until(lambda: any(c._idle.values()), "the connection back in the pool", 1.0)
+    assert c.request("GET", srv.url + "/").content == b"ok"
+    assert srv.connections == 1
+
+
 def test_a_stream_ended_then_its_readers_closed_still_pools_its_connection(scripted):
     """The relays read a body through generators of their own, which close when
     they end: that must not take the rest's reader with them. It did: the
