@@ -177,6 +177,12 @@ class RawServer:
             threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
 
     def _conn(self, conn):
+        try:
+            self._requests(conn)
+        except OSError:
+            pass                        # the client hung up: nothing to answer
+
+    def _requests(self, conn):
         with conn:
             buf = b""
             while self.more():
