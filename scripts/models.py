@@ -444,6 +444,9 @@ def _http_failure(repo: str, what: str, e: BaseException, env: dict) -> FetchErr
     import urllib.error
     if isinstance(e, urllib.error.HTTPError):
         return hf_error(repo, what, f"{e.code} {e.reason} for {e.url}", env)
+    if isinstance(e, PermissionError):
+        return FetchError(f"cannot write {what}: permission denied ({e}); the folder must "
+                          f"be writable by this user (uid {os.getuid()})", "failed")
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:
         return FetchError(f"the disk is full: no space left on the device while fetching "
                           f"{what} ({e})", "disk_full")
@@ -472,7 +475,10 @@ def download_file(url: str, dest: Path, repo: str, what: str, env: dict,
     Raises FetchError (kind: unauthorized, not_found, network, disk_full, failed)."""
     if size is None:
         size = remote_size(url, repo, what, env)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _http_failure(repo, what, e, env) from None
     part = dest.with_name(dest.name + ".part")
     have = part.stat().st_size if part.is_file() else 0
     if size is not None and have > size:
