@@ -18,6 +18,9 @@ exception raised by an HTTP call upstream.
     load_failed          502     load_failed           the model could not be started
     load_timeout         504     load_timeout          not healthy within its start timeout
     queue_full           503     queue_full            too many requests waiting
+    not_downloaded       409     model_not_downloaded  its files are absent and AUTO_DOWNLOAD=0
+    download_failed      502     download_failed       fetching its files failed (401, network)
+    disk_full            507     insufficient_storage  no room for its files
 """
 from __future__ import annotations
 
@@ -43,6 +46,9 @@ CAUSES: dict[str, tuple[int, str, str]] = {
     "load_failed": (502, "upstream_error", "load_failed"),
     "load_timeout": (504, "timeout_error", "load_timeout"),
     "queue_full": (503, "service_unavailable", "queue_full"),
+    "not_downloaded": (409, "invalid_request_error", "model_not_downloaded"),
+    "download_failed": (502, "upstream_error", "download_failed"),
+    "disk_full": (507, "server_error", "insufficient_storage"),
 }
 
 

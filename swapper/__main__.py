@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Before gunicorn is imported: its settings take the process's uid then.
     logging.getLogger("swapper").info(
-        drop_privileges(os.environ.get("SWAPPER_USER", ""), os.environ.get("DOCKER_HOST")))
+        drop_privileges(os.environ.get("SWAPPER_USER", ""), os.environ.get("DOCKER_HOST"),
+                        writes=(settings.DOWNLOAD_MODELS_DIR or "",)))
 
     from common.serve import serve
 

@@ -26,17 +26,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from common.failures import CAUSES
-
 from .scheduler import LoadFailed, Scheduler
 from .settings import Settings
 
 log = logging.getLogger("swapper.download")
 
-# Causes of a failed download (common.failures' table; kept here until it lists them).
-CAUSES.setdefault("not_downloaded", (409, "invalid_request_error", "model_not_downloaded"))
-CAUSES.setdefault("download_failed", (502, "upstream_error", "download_failed"))
-CAUSES.setdefault("disk_full", (507, "server_error", "insufficient_storage"))
+# Causes of a failed download (common.failures' table).
 KIND_CAUSE = {"disk_full": "disk_full"}     # every other FetchError kind: download_failed
 
 PROGRESS_INTERVAL = 0.5     # seconds between progress reports of one download

@@ -235,11 +235,16 @@ def test_least_privilege_swapper_drops_root_keeping_the_socket_group(tmp_path):
     sock = tmp_path / "docker.sock"
     sock.touch()
     os.chown(sock, 0, 4242)
+    fresh, theirs = tmp_path / "fresh", tmp_path / "theirs"   # the download folders
+    fresh.mkdir()                                       # as Docker makes a bind mount's
+    theirs.mkdir()
+    (theirs / "model.gguf").touch()
+    os.chown(theirs, 1234, 4343)                        # a host user's, group-writable
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:                                        # the child: drop, report, exit
         try:
-            drop_privileges("nobody", f"unix://{sock}")
+            drop_privileges("nobody", f"unix://{sock}", writes=(str(fresh), str(theirs)))
             os.write(w, json.dumps([os.getuid(), os.geteuid(), os.getgid(),
                                     sorted(os.getgroups())]).encode())
         finally:
@@ -249,3 +254,5 @@ def test_least_privilege_swapper_drops_root_keeping_the_socket_group(tmp_path):
     os.waitpid(pid, 0)
     assert got[0] == got[1] == 65534
     assert 4242 in got[3] and 0 not in got[3]
+    assert fresh.stat().st_uid == 65534                # Docker's empty folder: now ours
+    assert 4343 in got[3] and theirs.stat().st_uid == 1234   # theirs: by its group
