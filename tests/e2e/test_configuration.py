@@ -131,7 +131,9 @@ def test_every_variable_the_code_reads_is_documented():
 # ------------------------------------------------------------ docker compose config
 
 def _sentinel(var: str) -> str:
-    return {"PROXY_PORT": "12345", "PROXY_BIND": "127.0.0.9"}.get(var, f"v-{var.lower()}")
+    # MODELS_DIR is also a bind mount of the swapper's: a path, not a volume's name
+    return {"PROXY_PORT": "12345", "PROXY_BIND": "127.0.0.9",
+            "MODELS_DIR": "./v-models_dir"}.get(var, f"v-{var.lower()}")
 
 
 def _compose_config(project: Path, cwd: Path, env: dict[str, str]) -> dict:
@@ -201,7 +203,7 @@ def test_unset_settings_are_left_to_the_services(project, tmp_path):
         got = {k: v for k, v in (cfg["services"][name].get("environment") or {}).items()
                if v is not None}
         extra = {"swapper": {"STACK_NAME", "DOCKER_NETWORK", "KV_CACHE_DIR",
-                              "KV_CACHE_VOLUME"}}.get(name, set())
+                              "KV_CACHE_VOLUME", "DOWNLOAD_MODELS_DIR"}}.get(name, set())
         assert set(got) == set(fixed) | extra, (name, got)
 
 
