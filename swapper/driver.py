@@ -85,7 +85,9 @@ class Driver:
         """Adopt what an earlier run left before serving (when the engine
         answers; else the driver thread keeps trying), then run the driver."""
         self._adopt()
-        self.downloads.scan(m.id for m in self.registry)
+        # Not a GPU model on an engine without GPUs: its start fails at once with
+        # that reason, not after a download of its files.
+        self.downloads.scan(m.id for m in self.registry if not self.runtime.gpus_missing(m))
         self.downloads.start()
         threading.Thread(target=self.run, name="swapper-driver", daemon=True).start()
         threading.Thread(target=self.follow_deaths, name="swapper-deaths", daemon=True).start()
@@ -147,7 +149,7 @@ class Driver:
             prepared = None
         error: LoadFailed | None = None
         backend: Backend | None = None
-        if self.downloads.missing(spec.id):
+        if self.downloads.missing(spec.id) and not self.runtime.gpus_missing(spec):
             # Its files went away since they were looked at: download them first
             # (the model's requests wait for that; nothing is started).
             log.info("model %s: its files are missing: downloading them before it loads",

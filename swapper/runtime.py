@@ -107,6 +107,7 @@ class Runtime(Protocol):
     """What the driver needs from a container engine."""
 
     def ping(self) -> bool: ...
+    def gpus_missing(self, spec: ModelSpec) -> bool: ...
     def prepare(self, spec: ModelSpec) -> "Backend | None": ...
     def start(self, spec: ModelSpec, on_progress: "Progress | None" = None,
               prepared: "Backend | None" = None) -> "Backend": ...
@@ -184,6 +185,19 @@ class DockerRuntime:
                 return bool(self.client.ping())
         except Exception:
             return False
+
+    def gpus_missing(self, spec: ModelSpec) -> bool:
+        """True when `spec` needs GPUs and this engine has no NVIDIA runtime: its
+        start fails (with the GPU message), so its files are not downloaded
+        first. False when it needs none, or the engine cannot be asked."""
+        if not spec.gpus:
+            return False
+        try:
+            with _engine():
+                runtimes = self.client.info().get("Runtimes") or {}
+        except Exception:  # noqa: BLE001 - cannot tell: the start will say
+            return False
+        return "nvidia" not in runtimes
 
     def containers(self) -> list:
         """This stack's backend containers, running or not."""

@@ -99,6 +99,9 @@ class FakeRuntime:
     def ping(self) -> bool:
         return self.engine_up
 
+    def gpus_missing(self, spec: ModelSpec) -> bool:
+        return False                  # the fake runs GPU models as any other
+
     def prepare(self, spec: ModelSpec) -> Backend:
         self._record("prepare", spec.id)
         return self._create(spec)
