@@ -24,7 +24,7 @@ from common.errors import ApiError
 from ..search import engine
 from ..search.engine import Search, Turn, cited, new_id
 from ..search.rounds import message_of
-from .base import TOOL_NAME, Adapter, event, parse_json_object
+from .base import TOOL_NAME, Adapter, event, parse_json_object, put_system, server_search
 
 SERVER_TOOL_TYPES = ("web_search_20250305", "web_search_20260209")
 CUSTOM_TOOL = {"name": TOOL_NAME, "description": engine.TOOL_DESCRIPTION,
@@ -112,28 +112,11 @@ def parse(raw: bytes) -> dict:
 
 
 def system_prompt(body: dict, text) -> bool:
-    """Top-level `system`, unless the client sent one."""
-    if body.get("system"):
-        return False
-    text = text()
-    if text:
-        body["system"] = text
-    return bool(text)
+    return put_system(body, "system", text)
 
 
 def search_tool(body: dict, settings) -> tuple[dict | None, bool]:
-    """The client's server search tool when the proxy runs search, and whether the
-    body changed: with search off, the backend cannot run it, so it is removed."""
-    t = server_tool(body)
-    if t is None:
-        return None, False
-    if settings.WEB_SEARCH and settings.MAX_SEARCH_ITER > 0:
-        return t, False
-    body["tools"] = [x for x in body["tools"] if x is not t]
-    if not body["tools"]:
-        body.pop("tools")
-        body.pop("tool_choice", None)
-    return None, True
+    return server_search(body, settings, server_tool(body))
 
 
 def straight_stream(chunks, body, names=None):

@@ -24,7 +24,33 @@ from ..search.engine import Searcher, TOOL_NAME
 from ..search.rounds import backend_error, message_of
 from ..upstream import kept_alive, watched
 
-__all__ = ["Adapter", "event", "TOOL_NAME", "parse_json_object"]
+__all__ = ["Adapter", "event", "TOOL_NAME", "parse_json_object", "put_system",
+           "server_search"]
+
+
+def put_system(body: dict, key: str, text) -> bool:
+    """The operator's system prompt (`text()`, asked only when needed) in the
+    dialect's own field (`system`, `instructions`), unless the client sent one."""
+    if body.get(key):
+        return False
+    text = text()
+    if text:
+        body[key] = text
+    return bool(text)
+
+
+def server_search(body: dict, settings, tool: dict | None) -> tuple[dict | None, bool]:
+    """The client's server search `tool` when the proxy runs search, and whether
+    the body changed: with search off the backend cannot run it, so it goes."""
+    if tool is None:
+        return None, False
+    if settings.WEB_SEARCH and settings.MAX_SEARCH_ITER > 0:
+        return tool, False
+    body["tools"] = [x for x in body["tools"] if x is not tool]
+    if not body["tools"]:
+        body.pop("tools")
+        body.pop("tool_choice", None)
+    return None, True
 
 
 def parse_json_object(raw: bytes, what: str) -> dict:

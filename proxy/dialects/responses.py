@@ -23,7 +23,7 @@ from common.errors import ApiError
 
 from ..search import engine
 from ..search.engine import Search, Turn, new_id
-from .base import TOOL_NAME, Adapter, event, parse_json_object
+from .base import TOOL_NAME, Adapter, event, parse_json_object, put_system, server_search
 
 SEARCH_TOOL_TYPES = ("web_search", "web_search_preview", "web_search_preview_2025_03_11",
                      "web_search_2025_08_26")
@@ -77,28 +77,11 @@ def parse(raw: bytes) -> dict:
 
 
 def system_prompt(body: dict, text) -> bool:
-    """`instructions`, unless the client sent them."""
-    if body.get("instructions"):
-        return False
-    text = text()
-    if text:
-        body["instructions"] = text
-    return bool(text)
+    return put_system(body, "instructions", text)
 
 
 def search_tool(body: dict, settings) -> tuple[dict | None, bool]:
-    """The client's web_search tool when the proxy runs search, and whether the body
-    changed: with search off, the backend cannot run it, so it is removed."""
-    t = server_tool(body)
-    if t is None:
-        return None, False
-    if settings.WEB_SEARCH and settings.MAX_SEARCH_ITER > 0:
-        return t, False
-    body["tools"] = [x for x in body["tools"] if x is not t]
-    if not body["tools"]:
-        body.pop("tools")
-        body.pop("tool_choice", None)
-    return None, True
+    return server_search(body, settings, server_tool(body))
 
 
 def straight_stream(chunks, body, names=None):
