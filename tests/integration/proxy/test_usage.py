@@ -109,12 +109,12 @@ def test_one_round_reports_the_backends_cache(proxy, model, dialect, stream):
         assert u["total_tokens"] == 6852
 
 
+@pytest.mark.parametrize("proxy", ["search"], indirect=True)    # rounds: the search loop's
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("dialect", list(BODIES))
 def test_search_rounds_report_the_last_prompt_and_every_output(proxy, model, dialect, stream):
     url, search_on = proxy
-    if not search_on:
-        pytest.skip("rounds are the search loop's")
+    assert search_on
     model.script(Reply(tool_calls=[search("flask 3.1")]), Reply(content="Flask 3.1 [1]"))
     model.prompt_cache = [(6847, 6802), (6931, 6847)]
     u = usage_of(dialect, ask(proxy, dialect, stream), stream)
