@@ -11,8 +11,11 @@ from __future__ import annotations
 import socket
 from typing import Callable, TypeVar
 
+import requests
 from greenlet import getcurrent
 
+from .errors import ApiError
+from .failures import failure, not_reached, reason
 from .http1 import readable, waiting
 
 T = TypeVar("T")
@@ -40,7 +43,7 @@ def client_gone(environ: dict) -> bool:
         return True
 
 
-def call_watching_client(fn: Callable[[], T], environ: dict, poll: float = POLL) -> T:
+def call_watching_client(fn: Callable[[], T], environ: dict | None, poll: float = POLL) -> T:
     """Run fn() (blocking upstream I/O) and return its result; if the client
     goes away first, shut its upstream connection down (so llama.cpp and vLLM
     stop generating) and raise ClientGone where fn() waits. Outside a gevent
@@ -51,7 +54,7 @@ def call_watching_client(fn: Callable[[], T], environ: dict, poll: float = POLL)
     The check is a timer of the event loop every `poll` seconds, not a greenlet
     of its own: an answer that comes within a second (most non-streamed ones)
     costs a timer started and stopped, not a spawn and two switches."""
-    if environ.get("gunicorn.socket") is None:
+    if not environ or environ.get("gunicorn.socket") is None:
         return fn()
     import gevent
     me = getcurrent()
@@ -77,3 +80,25 @@ def call_watching_client(fn: Callable[[], T], environ: dict, poll: float = POLL)
         return fn()
     finally:
         timer.close()
+
+
+def sent_once_more(send: Callable[[bool], T], environ: dict | None,
+                   failed: Callable[[BaseException, bool], "ApiError | None"]) -> T:
+    """`send(fresh)`'s answer, the client watched while it waits
+    (call_watching_client): the one loop of both hops. A request that did not
+    reach the upstream (common.failures.not_reached: refused, or closed before
+    any byte of an answer: a stale kept-alive connection, a backend that just
+    died) may be sent once more, on a fresh connection. `failed(exc, retry)` is
+    told of each failure, a ClientGone or a requests error, with retry=True
+    when one more try is allowed; it returns the ApiError to raise, or None to
+    send once more (then only)."""
+    for fresh in (False, True):
+        try:
+            return call_watching_client(lambda: send(fresh), environ)
+        except (ClientGone, requests.RequestException) as e:
+            retry = not fresh and not isinstance(e, ClientGone) and not_reached(e)
+            err = failed(e, retry)
+            if err is None and retry:
+                continue
+            raise (err or failure("upstream_failed", reason(e))) from None
+    raise AssertionError("unreachable")

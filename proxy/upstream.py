@@ -14,8 +14,9 @@ from typing import Callable, Iterator
 
 import requests
 
-from common.disconnect import ClientGone, call_watching_client
-from common.failures import classify, failure, not_reached, reason
+from common.disconnect import ClientGone, call_watching_client, sent_once_more
+from common.errors import ApiError
+from common.failures import classify, failure, reason
 from common.http1 import Client
 from common.streaming import headers_now, iter_body
 
@@ -58,23 +59,18 @@ class Upstream:
                 r.content
             return r
 
-        for attempt in (1, 2):
-            fresh = attempt > 1         # a new connection: the pooled one may be stale
-            try:
-                if environ is None:
-                    return send(fresh)
-                return call_watching_client(lambda: send(fresh), environ)
-            except ClientGone:
-                raise failure("client_gone", "client disconnected before the answer") from None
-            except requests.RequestException as e:
-                if attempt == 1 and not_reached(e):
-                    log.info("%s %s did not reach %s (%s): sending it again",
-                             method, path, self.base_url, reason(e))
-                    continue
-                cause = classify(e)
-                raise failure(cause, f"upstream {self.base_url} "
-                                     f"{_WHAT.get(cause, 'failed')}: {reason(e)} ({url})") from e
-        raise AssertionError("unreachable")
+        def failed(e: BaseException, retry: bool) -> ApiError | None:
+            if isinstance(e, ClientGone):
+                return failure("client_gone", "client disconnected before the answer")
+            if retry:
+                log.info("%s %s did not reach %s (%s): sending it again",
+                         method, path, self.base_url, reason(e))
+                return None
+            cause = classify(e)
+            return failure(cause, f"upstream {self.base_url} "
+                                  f"{_WHAT.get(cause, 'failed')}: {reason(e)} ({url})")
+
+        return sent_once_more(send, environ, failed)
 
 
 def watched(resp: requests.Response, environ: dict | None) -> Iterator[bytes]:

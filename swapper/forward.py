@@ -19,9 +19,9 @@ import logging
 import requests
 from flask import Response
 
-from common.disconnect import ClientGone, call_watching_client
+from common.disconnect import ClientGone, sent_once_more
 from common.errors import ApiError, error_body
-from common.failures import classify, failure, not_reached, reason, status_of
+from common.failures import classify, failure, reason, status_of
 from common.http1 import Client
 from common.sse import comment, emit, error_event
 from common.streaming import (NO_BUFFERING, Relayed, answer_headers, forward_headers,
@@ -101,32 +101,33 @@ class Forwarder:
         stops. Returns the lease (still open) and the answer; raises ApiError
         with the lease finished."""
         fwd = forward_headers(headers)
-        for attempt in (1, 2):
-            if lease is None:
-                lease = self.admission.admit(model, environ)
-            url = self.url(lease, path, query)
-            fresh = attempt > 1
-            try:
-                return lease, call_watching_client(
-                    lambda: self._send(method, url, body, fwd, fresh), environ)
-            except ClientGone:
+        held = [lease or self.admission.admit(model, environ)]    # the try's lease
+
+        def send(fresh: bool) -> requests.Response:
+            return self._send(method, self.url(held[0], path, query), body, fwd, fresh)
+
+        def failed(e: BaseException, retry: bool) -> ApiError | None:
+            lease = held[0]
+            if isinstance(e, ClientGone):
                 lease.finish(status_of("client_gone"), "client_gone")
-                raise failure("client_gone", "client disconnected before the answer") from None
-            except requests.RequestException as e:
-                cause = classify(e)
-                alive = lease.finish(status_of(cause), cause)
-                if attempt == 1 and not_reached(e):
-                    log.info("model %s: request did not reach the backend (%s; container %s): "
-                             "sending it again", model, reason(e),
-                             "running" if alive else "dead, restarting it")
-                    lease = None
-                    continue
-                msg = f"backend of model '{model}' did not answer at {url}: {reason(e)}"
-                if not alive:
-                    msg += (" (its container died; the next request starts it again)\n"
-                            + self.admission.driver.runtime.logs(model))
-                raise failure(cause, msg) from None
-        raise AssertionError("unreachable")
+                return failure("client_gone", "client disconnected before the answer")
+            cause = classify(e)
+            alive = lease.finish(status_of(cause), cause)
+            if retry:
+                log.info("model %s: request did not reach the backend (%s; container %s): "
+                         "sending it again", model, reason(e),
+                         "running" if alive else "dead, restarting it")
+                held[0] = self.admission.admit(model, environ)   # a crash: its restart
+                return None
+            msg = (f"backend of model '{model}' did not answer at "
+                   f"{self.url(lease, path, query)}: {reason(e)}")
+            if not alive:
+                msg += (" (its container died; the next request starts it again)\n"
+                        + self.admission.driver.runtime.logs(model))
+            return failure(cause, msg)
+
+        answer = sent_once_more(send, environ, failed)
+        return held[0], answer
 
     def _send(self, method: str, url: str, body, headers: dict, fresh: bool) -> requests.Response:
         # fresh: a new connection, closed after this answer (the pooled one may be stale).
