@@ -18,10 +18,8 @@ import re
 import pytest
 import requests
 
-from proxy.settings import Settings
 from tests.support.dialects import LlamaError, ScriptedDialects
-from tests.support.proxyproc import inprocess
-from tests.support.searxng import FakeSearxng
+from tests.support.proxyproc import searching
 
 USER = [{"role": "user", "content": "hello"}]
 BODIES = {
@@ -42,11 +40,8 @@ def model():
 
 @pytest.fixture(scope="module", params=["search", "no-search"])
 def proxy(request, model):
-    with FakeSearxng() as searx, inprocess(Settings.from_env({}, **dict(
-            BACKEND_URL=model.url, SEARXNG_URL=searx.url, KEEPALIVE_INTERVAL=0.5,
-            SYSTEM_PROMPT="", MODELS_TTL=0.0,
-            WEB_SEARCH=request.param == "search"))) as srv:
-        yield srv.url, request.param == "search"
+    with searching(model.url, request.param == "search") as p:
+        yield p
 
 
 def ask(proxy, dialect: str, stream: bool, error: LlamaError):

@@ -23,12 +23,10 @@ import pytest
 import requests
 
 from proxy.agents import NOTE
-from proxy.settings import Settings
 from tests.support.agents import Rendering
 from tests.support.chat import Reply, call
 from tests.support.dialects import LlamaError, ScriptedDialects
-from tests.support.proxyproc import inprocess
-from tests.support.searxng import FakeSearxng
+from tests.support.proxyproc import searching
 
 FN = {"type": "function", "strict": False,
       "parameters": {"type": "object", "properties": {"message": {"type": "string"}},
@@ -73,11 +71,8 @@ def model():
 
 @pytest.fixture(scope="module", params=["search", "no-search"])
 def proxy(request, model):
-    with FakeSearxng() as searx, inprocess(Settings.from_env({}, **dict(
-            BACKEND_URL=model.url, SEARXNG_URL=searx.url, KEEPALIVE_INTERVAL=0.5,
-            SYSTEM_PROMPT="", MODELS_TTL=0.0,
-            WEB_SEARCH=request.param == "search"))) as srv:
-        yield srv.url, request.param == "search"
+    with searching(model.url, request.param == "search") as p:
+        yield p
 
 
 @pytest.fixture

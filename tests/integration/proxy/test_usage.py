@@ -18,11 +18,9 @@ import json
 import pytest
 import requests
 
-from proxy.settings import Settings
 from tests.support.chat import Reply, search
 from tests.support.dialects import ScriptedDialects
-from tests.support.proxyproc import inprocess
-from tests.support.searxng import FakeSearxng
+from tests.support.proxyproc import searching
 
 USER = [{"role": "user", "content": "hello"}]
 BODIES = {
@@ -43,11 +41,8 @@ def model():
 
 @pytest.fixture(scope="module", params=["search", "no-search"])
 def proxy(request, model):
-    with FakeSearxng() as searx, inprocess(Settings.from_env({}, **dict(
-            BACKEND_URL=model.url, SEARXNG_URL=searx.url, KEEPALIVE_INTERVAL=0.5,
-            SYSTEM_PROMPT="", MODELS_TTL=0.0, SEARCH_SOURCES=False,
-            WEB_SEARCH=request.param == "search"))) as srv:
-        yield srv.url, request.param == "search"
+    with searching(model.url, request.param == "search", SEARCH_SOURCES=False) as p:
+        yield p
 
 
 def events(r) -> list[tuple[str | None, dict]]:
