@@ -54,8 +54,11 @@ class Canned:
     status_code = 200
     reason = "OK"
 
+    framing = "length"              # common.http1.Answer: how its body was framed
+
     def __init__(self, body: bytes):
         self.content = body
+        self.length = len(body)
         self.headers = CaseInsensitiveDict({
             "Content-Type": "application/json; charset=utf-8",
             "Content-Length": str(len(body)), "Server": "llama.cpp"})
