@@ -18,6 +18,9 @@ from .chat import Reply, ScriptedChat, _pieces
 
 _ids = itertools.count(1)
 MODEL_PATHS = ("/v1/chat/completions", "/v1/messages", "/v1/responses")
+# The server search tool each non-chat dialect's client sends.
+SEARCH_TOOL = {"messages": {"type": "web_search_20250305", "name": "web_search"},
+               "responses": {"type": "web_search"}}
 
 
 class LlamaError:

@@ -58,3 +58,15 @@ def read_stream(resp) -> Stream:
             else:
                 s.events.append(json.loads(ev.data))
     return s
+
+
+def named_events(resp) -> list[tuple[str | None, dict]]:
+    """A streamed answer's data events as (event name or None, JSON), [DONE] left out."""
+    out, name = [], None
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:") and line[5:].strip() != "[DONE]":
+            out.append((name, json.loads(line[5:])))
+            name = None
+    return out

@@ -12,14 +12,14 @@ The backend is scripted to answer byte for byte what llama-server answers
 (tests/support/dialects.LlamaError)."""
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 import requests
 
-from tests.support.dialects import LlamaError, ScriptedDialects
+from tests.support.dialects import LlamaError, SEARCH_TOOL, ScriptedDialects
 from tests.support.proxyproc import searching
+from tests.support.sseclient import named_events
 
 USER = [{"role": "user", "content": "hello"}]
 BODIES = {
@@ -27,8 +27,6 @@ BODIES = {
     "messages": ("/v1/messages", {"model": "m", "max_tokens": 64, "messages": USER}),
     "responses": ("/v1/responses", {"model": "m", "input": "hello"}),
 }
-SEARCH_TOOL = {"messages": {"type": "web_search_20250305", "name": "web_search"},
-               "responses": {"type": "web_search"}}
 CLAUDE_RE = re.compile(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", re.I)
 
 
@@ -95,17 +93,6 @@ def test_other_backend_errors_keep_their_status(proxy, model, dialect):
     assert r.status_code == 503 and "Loading model" in r.text
 
 
-def events_of(r) -> list[tuple[str | None, dict]]:
-    out, name = [], None
-    for line in r.iter_lines(decode_unicode=True):
-        if line.startswith("event:"):
-            name = line[6:].strip()
-        elif line.startswith("data:") and line[5:].strip() != "[DONE]":
-            out.append((name, json.loads(line[5:])))
-            name = None
-    return out
-
-
 @pytest.mark.parametrize("dialect", list(BODIES))
 def test_an_error_after_the_stream_began_is_the_dialects_error_event(proxy, model, dialect):
     """The backend's head took longer than a keep-alive interval: the stream had to
@@ -116,7 +103,7 @@ def test_an_error_after_the_stream_began_is_the_dialects_error_event(proxy, mode
     try:
         r = ask(proxy, dialect, True, None)
         assert r.status_code == 200
-        evs = events_of(r)
+        evs = named_events(r)
     finally:
         model.head_delay = 0.0
     assert len(evs) == 1, evs

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from tests.support.chat import Reply
-from tests.support.dialects import ScriptedDialects
+from tests.support.dialects import SEARCH_TOOL, ScriptedDialects
 from tests.support.proxyproc import ProxyProcess
 from tests.support.searxng import FakeSearxng
 
@@ -30,8 +30,6 @@ BODIES = {
                                   "stream": True}),
     "responses": ("/v1/responses", {"model": "m", "input": "hello", "stream": True}),
 }
-SEARCH_TOOL = {"messages": {"type": "web_search_20250305", "name": "web_search"},
-               "responses": {"type": "web_search"}}
 
 
 @pytest.fixture(scope="module")

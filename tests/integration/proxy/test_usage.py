@@ -13,14 +13,14 @@ two-round one never doubles the prompt (the issue: Codex counted 13,805 tokens
 through the stack vs 6,847 direct, with cached_tokens 0 while 6,802 were reused)."""
 from __future__ import annotations
 
-import json
 
 import pytest
 import requests
 
 from tests.support.chat import Reply, search
-from tests.support.dialects import ScriptedDialects
+from tests.support.dialects import SEARCH_TOOL, ScriptedDialects
 from tests.support.proxyproc import searching
+from tests.support.sseclient import named_events
 
 USER = [{"role": "user", "content": "hello"}]
 BODIES = {
@@ -29,8 +29,6 @@ BODIES = {
     "messages": ("/v1/messages", {"model": "m", "max_tokens": 64, "messages": USER}),
     "responses": ("/v1/responses", {"model": "m", "input": "hello"}),
 }
-SEARCH_TOOL = {"messages": {"type": "web_search_20250305", "name": "web_search"},
-               "responses": {"type": "web_search"}}
 
 
 @pytest.fixture(scope="module")
@@ -45,23 +43,12 @@ def proxy(request, model):
         yield p
 
 
-def events(r) -> list[tuple[str | None, dict]]:
-    out, name = [], None
-    for line in r.iter_lines(decode_unicode=True):
-        if line.startswith("event:"):
-            name = line[6:].strip()
-        elif line.startswith("data:") and line[5:].strip() != "[DONE]":
-            out.append((name, json.loads(line[5:])))
-            name = None
-    return out
-
-
 def usage_of(dialect: str, r, stream: bool) -> dict:
     """The usage as the client's SDK makes it of the answer."""
     assert r.status_code == 200, r.text
     if not stream:
         return r.json()["usage"]
-    evs = events(r)
+    evs = named_events(r)
     if dialect == "chat":
         return [o for _, o in evs if o.get("usage")][-1]["usage"]
     if dialect == "responses":
