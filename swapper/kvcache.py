@@ -220,14 +220,7 @@ class KvCache:
                 self._save_slot(spec, backend, folder, sid, fp, left, out)
             except Exception as e:
                 self._fail(out, "save", spec.id, _reason(e), f"slot {sid} not saved: {e}")
-        out.seconds = self._clock() - t0
-        if out.slots:
-            self.metrics.kv_done(spec.id, "saved", out.bytes, out.tokens, out.seconds)
-            log.info("model %s: saved slot(s) %s (%d tokens, %.1f MB) in %.2f s", spec.id,
-                     out.slots, out.tokens, out.bytes / 1e6, out.seconds)
-        self.evict()
-        self._emit("saving", model=spec.id, done=True, **out.fields())
-        return out
+        return self._ended(spec, "saved", "saving", out, t0, tidy=self.evict)
 
     def _save_slot(self, spec, backend, folder: Path, sid: int, fp: dict, left: float,
                    out: Outcome) -> None:
@@ -319,13 +312,19 @@ class KvCache:
                 if reason != "timeout":
                     self._discard(sidecar, final)
                 self._fail(out, "restore", spec.id, reason, f"slot {sid} not restored: {e}")
+        return self._ended(spec, "restored", "restoring", out, t0, tidy=self._disk)
+
+    def _ended(self, spec, direction: str, event: str, out: "Outcome", t0: float,
+               tidy: Callable[[], object]) -> "Outcome":
+        """A save or restore done: its seconds, metrics and log line, then `tidy`
+        (the cap's eviction, the disk gauge), then its event."""
         out.seconds = self._clock() - t0
         if out.slots:
-            self.metrics.kv_done(spec.id, "restored", out.bytes, out.tokens, out.seconds)
-            log.info("model %s: restored slot(s) %s (%d tokens, %.1f MB) in %.2f s", spec.id,
-                     out.slots, out.tokens, out.bytes / 1e6, out.seconds)
-        self._disk()
-        self._emit("restoring", model=spec.id, done=True, **out.fields())
+            self.metrics.kv_done(spec.id, direction, out.bytes, out.tokens, out.seconds)
+            log.info("model %s: %s slot(s) %s (%d tokens, %.1f MB) in %.2f s", spec.id,
+                     direction, out.slots, out.tokens, out.bytes / 1e6, out.seconds)
+        tidy()
+        self._emit(event, model=spec.id, done=True, **out.fields())
         return out
 
     def _check(self, meta: dict, final: Path, fp: dict) -> None:
