@@ -32,6 +32,19 @@ _TYPES = {
 }
 
 
+# HTTP status -> Anthropic's error type (its JSON and SSE error shape).
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                   429: "rate_limit_error", 500: "api_error", 529: "overloaded_error",
+                   503: "overloaded_error"}
+
+
+def anthropic_error(message: str, status: int) -> dict:
+    """An error in Anthropic's shape: {"type": "error", "error": {"type", "message"}}."""
+    return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "api_error"),
+                                       "message": message}}
+
+
 def error_body(message: str, status: int = 500, type_: str | None = None,
                code: str | None = None, param: str | None = None) -> dict:
     """The envelope as a dict (for SSE error events and JSON responses)."""

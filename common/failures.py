@@ -25,6 +25,7 @@ exception raised by an HTTP call upstream.
 from __future__ import annotations
 
 import errno
+import json
 import http.client
 
 import requests
@@ -98,6 +99,25 @@ def not_reached(exc: BaseException) -> bool:
     BadAnswer, and the request is not sent twice."""
     return classify(exc) in ("unreachable", "closed_early") \
         and not isinstance(exc, requests.exceptions.ConnectTimeout)
+
+
+def message_of(raw: bytes, status: int) -> str:
+    """The message of an upstream's error answer, whatever its shape (OpenAI's
+    envelope, Anthropic's, FastAPI's `detail`), else the start of its body."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        obj = None
+    msg = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+        msg = msg or obj.get("message") or obj.get("detail")
+    if isinstance(msg, str) and msg:
+        return msg
+    text = raw[:300].decode("utf-8", "replace").strip()
+    return f"upstream answered HTTP {status}: {text}" if text else \
+        f"upstream answered HTTP {status} with an empty body"
 
 
 def reason(exc: BaseException) -> str:

@@ -184,24 +184,16 @@ def json_events(chunks: Iterable[bytes]) -> Iterator[tuple[str | None, object]]:
         yield from batch
 
 
-# Anthropic's error types by HTTP status (its SSE and JSON error shape).
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-                    429: "rate_limit_error", 503: "overloaded_error"}
-
-
 def error_event(path: str, message: str, status: int, code: str | None = None,
                 type_: str | None = None) -> bytes:
     """The event that ends a stream with an error, in the stream's dialect:
     Anthropic Messages (`event: error`), OpenAI Responses (`event: error`), or
     chat/completions (`data: {"error": ...}`)."""
+    from .errors import anthropic_error, error_body
     p = path.strip("/")
     if p.endswith("messages"):
-        obj = {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"),
-                                          "message": message}}
-        return b"event: error\n" + emit(obj)
+        return b"event: error\n" + emit(anthropic_error(message, status))
     if p.endswith("responses"):
         return b"event: error\n" + emit({"type": "error", "code": code, "message": message,
                                          "param": None})
-    from .errors import error_body
     return emit(error_body(message, status, type_, code))

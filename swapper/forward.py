@@ -21,7 +21,7 @@ from flask import Response
 
 from common.disconnect import ClientGone, sent_once_more
 from common.errors import ApiError, error_body
-from common.failures import classify, failure, reason, status_of
+from common.failures import classify, failure, message_of, reason, status_of
 from common.http1 import Client
 from common.sse import comment, emit, error_event
 from common.streaming import (NO_BUFFERING, Relayed, answer_headers, forward_headers,
@@ -78,7 +78,8 @@ class Forwarder:
                                         environ, lease=lease)
             answer = LeasedBody(lease, upstream)
             if upstream.status_code != 200:
-                yield error_event(path, _error_message(upstream), upstream.status_code,
+                yield error_event(path, message_of(upstream.content, upstream.status_code),
+                                  upstream.status_code,
                                   "backend_error")
                 return
             yield from answer
@@ -177,16 +178,6 @@ class LeasedBody:
         self.upstream.close()
         if not self._started:          # HEAD, or a client gone before the body
             self.lease.finish(self.upstream.status_code)
-
-
-def _error_message(upstream: requests.Response) -> str:
-    """The message of an upstream error answer (its envelope's, or its text)."""
-    text = upstream.text[:2000]
-    try:
-        err = upstream.json().get("error")
-        return (err.get("message") if isinstance(err, dict) else str(err)) or text
-    except (ValueError, AttributeError):
-        return text
 
 
 def relay(lease: Lease, upstream: requests.Response) -> Relayed:

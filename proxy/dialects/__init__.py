@@ -29,12 +29,13 @@ from flask import Response
 
 from common import guard, sse
 from common.errors import ApiError
+from common.failures import message_of
 from common.streaming import forward_headers, relay, sse_response
 
 from .. import normalize
 from ..metrics import MODEL
 from ..search import rounds
-from ..search.rounds import message_of
+
 from ..upstream import Background, kept_alive, streamed, waited
 from . import anthropic, chat, responses
 

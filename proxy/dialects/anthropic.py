@@ -19,27 +19,17 @@ from typing import Iterable, Iterator
 from flask import Response
 
 from common import sse
-from common.errors import ApiError
+from common.errors import ApiError, anthropic_error
+from common.failures import message_of
 
 from ..search import engine
 from ..search.engine import Search, Turn, cited, new_id
-from ..search.rounds import message_of
+
 from .base import TOOL_NAME, Adapter, event, parse_json_object, put_system, server_search
 
 SERVER_TOOL_TYPES = ("web_search_20250305", "web_search_20260209")
 CUSTOM_TOOL = {"name": TOOL_NAME, "description": engine.TOOL_DESCRIPTION,
                "input_schema": engine.TOOL_PARAMETERS}
-
-# HTTP status -> Anthropic error type
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-               403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-               429: "rate_limit_error", 500: "api_error", 529: "overloaded_error",
-               503: "overloaded_error"}
-
-
-def error_obj(message: str, status: int) -> dict:
-    return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"),
-                                       "message": message}}
 
 
 def to_anthropic_error(raw: bytes, status: int) -> bytes | None:
@@ -51,13 +41,13 @@ def to_anthropic_error(raw: bytes, status: int) -> bytes | None:
         obj = None
     if isinstance(obj, dict) and obj.get("type") == "error" and isinstance(obj.get("error"), dict):
         return None
-    return json.dumps(error_obj(message_of(raw, status), status)).encode()
+    return json.dumps(anthropic_error(message_of(raw, status), status)).encode()
 
 
 def stream_error(message: str, status: int, code: str = "") -> bytes:
     """An error ending a stream whose status is sent already: Anthropic's error
     event (its type from the status: a 400 is invalid_request_error)."""
-    return event("error", error_obj(message, status))
+    return event("error", anthropic_error(message, status))
 
 
 def server_tool(body: dict) -> dict | None:
@@ -403,7 +393,7 @@ class MessagesAdapter(Adapter):
                 if t == "error":
                     err = obj.get("error") or {}
                     sent.append(event("error", obj if obj.get("type") == "error" else
-                                      error_obj(str(err.get("message") or err), 502)))
+                                      anthropic_error(str(err.get("message") or err), 502)))
                     yield b"".join(sent)
                     return None
                 if t == "message_start":
@@ -498,4 +488,4 @@ class MessagesAdapter(Adapter):
             "usage": self._usage()}) + event("message_stop", {"type": "message_stop"})
 
     def fail(self, message: str, status: int, code: str) -> bytes:
-        return event("error", error_obj(message, status))
+        return event("error", anthropic_error(message, status))

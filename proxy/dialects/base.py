@@ -17,11 +17,12 @@ import requests
 
 from common import guard, sse
 from common.errors import ApiError
+from common.failures import message_of
 from common.sse import event
 from common.streaming import forward_headers
 
 from ..search.engine import Searcher, TOOL_NAME
-from ..search.rounds import backend_error, message_of
+from ..search.rounds import backend_error
 from ..upstream import kept_alive, watched
 
 __all__ = ["Adapter", "event", "TOOL_NAME", "parse_json_object", "put_system",

@@ -17,7 +17,6 @@ sends it again.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 from typing import Iterator
 
 import requests
@@ -39,25 +38,6 @@ except ModuleNotFoundError as e:        # not written yet: no agent fixes
     agents = None
 
 TRUNCATED = "the upstream stream ended without a finish"
-
-
-def message_of(raw: bytes, status: int) -> str:
-    """The message of an upstream's error answer, whatever its shape (OpenAI's
-    envelope, Anthropic's, FastAPI's `detail`), else the start of its body."""
-    try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        obj = None
-    msg = None
-    if isinstance(obj, dict):
-        err = obj.get("error")
-        msg = err.get("message") if isinstance(err, dict) else err
-        msg = msg or obj.get("message") or obj.get("detail")
-    if isinstance(msg, str) and msg:
-        return msg
-    text = raw[:300].decode("utf-8", "replace").strip()
-    return f"upstream answered HTTP {status}: {text}" if text else \
-        f"upstream answered HTTP {status} with an empty body"
 
 
 def serve(ad, stream: bool) -> Response:
