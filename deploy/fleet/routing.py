@@ -1,0 +1,278 @@
+"""Fleet routing for LiteLLM's proxy: send a request to the stack where its model lives.
+
+LiteLLM loads this module from its config (`litellm_settings.callbacks:
+["routing.fleet_router"]`, the file beside config.yaml). It is a LiteLLM CustomLogger
+whose `async_filter_deployments` hook (LiteLLM's pre-call deployment filter; it runs
+after LiteLLM's own cooldown filter, before its routing strategy) narrows a model
+group to the one deployment we choose. Everything else stays LiteLLM's: retries,
+cooldowns of failing deployments, fallbacks, keys, budgets.
+
+Two parts, each testable alone:
+- `choose()`: a pure function: the stacks that declare the model, their status, the
+  session's previous stack -> the stack to use.
+- `StatusPoller`: a thread reading each stack's `/healthz` and `/v1/models` (never a
+  completion: nothing it does can start a load).
+
+Deployments carry `model_info.fleet_stack` (the stack's name), `model_info.fleet_url`
+(its base URL) and `model_info.fleet_api` ("openai": chat, Responses, completions;
+"anthropic": Messages) -- scripts/fleet.py writes them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+
+import requests
+
+try:                                   # inside LiteLLM's proxy
+    from litellm.integrations.custom_logger import CustomLogger
+except ImportError:                    # unit tests of the choice, without LiteLLM
+    class CustomLogger:                # type: ignore[no-redef]
+        def __init__(self, *a, **kw):
+            pass
+
+log = logging.getLogger("fleet.routing")
+
+# Session ids the agents send, in the order they are looked for (headers lower-case).
+SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id", "session_id", "session-id",
+                   "conversation_id", "x-codex-session-id")
+
+
+class StackStatus:
+    """What a stack said on its last poll. (A plain class, not a dataclass: LiteLLM
+    loads this file without registering it in sys.modules, which dataclasses need.)"""
+
+    def __init__(self, up: bool = False, resident: str | None = None, state: str = "idle",
+                 busy: int = 0, models: dict | None = None, seen: float = 0.0):
+        self.up = up
+        self.resident = resident        # the model loaded or loading (None: nothing)
+        self.state = state              # the swapper's phase: idle, loading, ready, stopping
+        self.busy = busy                # in flight + queued
+        self.models = models or {}      # id -> status value (loaded, unloaded, ...)
+        self.seen = seen                # monotonic time of the last answer
+
+    def __repr__(self):
+        return (f"StackStatus(up={self.up}, resident={self.resident!r}, state={self.state!r}, "
+                f"busy={self.busy}, models={self.models!r})")
+
+
+# ------------------------------------------------------------------ the choice
+
+def rank(model: str, st: StackStatus) -> tuple:
+    """Smaller is better: the model loaded here, then loading here (join that load),
+    then nothing resident (a load, no swap), then another model resident (a swap);
+    ties by how busy the stack is."""
+    value = st.models.get(model)
+    if value == "loaded" or (st.resident == model and st.state == "ready"):
+        where = 0
+    elif value in ("loading", "downloading") or st.resident == model:
+        where = 1
+    elif st.resident is None:
+        where = 2
+    else:
+        where = 3
+    return (where, st.busy)
+
+
+def choose(model: str, stacks: list[str], status: dict[str, StackStatus],
+           session_stack: str | None = None) -> str | None:
+    """The stack (of `stacks`, those declaring `model`) to send the request to.
+
+    - the session's previous stack while it is up (its prompt cache is there);
+    - else the best ranked stack that is up (see `rank`), the first named on a tie;
+    - None when no stack is known to be up (let LiteLLM try them all)."""
+    live = [s for s in stacks if status.get(s, StackStatus()).up]
+    if not live:
+        return None
+    if session_stack in live:
+        return session_stack
+    return min(live, key=lambda s: (rank(model, status[s]), stacks.index(s)))
+
+
+# ------------------------------------------------------------------ the poller
+
+class StatusPoller:
+    """Polls every stack's `/healthz` (liveness, resident model, phase, queue) and
+    `/v1/models` (each model's status) each `interval` seconds, on one daemon thread.
+    A stack is up when its proxy answers and its swapper behind it does."""
+
+    def __init__(self, stacks: dict[str, str], interval: float = 1.0, timeout: float = 2.0,
+                 api_keys: dict[str, str] | None = None):
+        self.stacks = dict(stacks)          # name -> base URL
+        self.interval = interval
+        self.timeout = timeout
+        self.api_keys = api_keys or {}
+        self.status: dict[str, StackStatus] = {n: StackStatus() for n in self.stacks}
+        self.polls = 0
+        self._session = requests.Session()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll_one(self, name: str) -> StackStatus:
+        base = self.stacks[name].rstrip("/")
+        headers = {"Authorization": f"Bearer {self.api_keys[name]}"} if self.api_keys.get(name) else {}
+        st = StackStatus()
+        try:
+            h = self._session.get(base + "/healthz", timeout=self.timeout, headers=headers)
+            body = h.json() if h.status_code == 200 else {}
+            # The proxy's /healthz carries the swapper's under "upstream"; a bare swapper's is flat.
+            sw = body.get("upstream", {}).get("body") if "upstream" in body else body
+            if not isinstance(sw, dict) or sw.get("status") != "ok":
+                return st
+            m = self._session.get(base + "/v1/models", timeout=self.timeout, headers=headers)
+            if m.status_code != 200:
+                return st
+            models = {}
+            for d in m.json().get("data", []):
+                s = d.get("status")
+                models[d["id"]] = s.get("value") if isinstance(s, dict) else None
+            st = StackStatus(up=True, resident=sw.get("model"), state=sw.get("state") or "idle",
+                             busy=int(sw.get("in_flight") or 0) + int(sw.get("queued") or 0),
+                             models=models, seen=time.monotonic())
+        except (requests.RequestException, ValueError, KeyError, TypeError):
+            pass
+        return st
+
+    def poll(self) -> None:
+        for name in self.stacks:
+            self.status[name] = self.poll_one(name)
+        self.polls += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - a poller that dies routes blind forever
+                log.exception("fleet status poll failed")
+            self._stop.wait(self.interval)
+
+    def start(self) -> "StatusPoller":
+        if self._thread is None:
+            self.poll()
+            self._thread = threading.Thread(target=self._run, name="fleet-poller", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+# ------------------------------------------------------------------ LiteLLM's hook
+
+def session_id(request_kwargs: dict | None) -> str | None:
+    """The agent's session id: Claude Code's `X-Claude-Code-Session-Id` header or
+    `metadata.user_id` (JSON with a session_id, or a plain string), Codex's session
+    header, `x-session-id`; LiteLLM's own `litellm_session_id` last."""
+    kw = request_kwargs or {}
+    headers: dict = {}
+    for bucket in (kw.get("proxy_server_request"), kw.get("metadata"), kw.get("litellm_metadata")):
+        if isinstance(bucket, dict) and isinstance(bucket.get("headers"), dict):
+            headers.update({str(k).lower(): v for k, v in bucket["headers"].items()})
+    for h in SESSION_HEADERS:
+        if headers.get(h):
+            return f"h:{headers[h]}"
+    for bucket in (kw.get("metadata"), (kw.get("proxy_server_request") or {}).get("body")):
+        if not isinstance(bucket, dict):
+            continue
+        if "metadata" in bucket and isinstance(bucket["metadata"], dict):   # the request body
+            bucket = bucket["metadata"]
+        uid = bucket.get("user_id")
+        if isinstance(uid, str) and uid:
+            try:
+                parsed = json.loads(uid)
+                if isinstance(parsed, dict) and parsed.get("session_id"):
+                    return f"s:{parsed['session_id']}"
+            except ValueError:
+                pass
+            return f"u:{uid}"
+    for bucket in (kw.get("metadata"), kw.get("litellm_metadata")):
+        if isinstance(bucket, dict) and bucket.get("litellm_session_id"):
+            return f"l:{bucket['litellm_session_id']}"
+    return kw.get("litellm_session_id") and f"l:{kw['litellm_session_id']}"
+
+
+def wanted_api(request_kwargs: dict | None) -> str:
+    """"anthropic" for an Anthropic Messages request, else "openai"."""
+    kw = request_kwargs or {}
+    url = str((kw.get("proxy_server_request") or {}).get("url") or "")
+    path = url.split("?", 1)[0]
+    return "anthropic" if path.endswith("/messages") else "openai"
+
+
+class FleetRouter(CustomLogger):
+    """Narrows a model group to the deployment on the chosen stack."""
+
+    def __init__(self, stacks: dict[str, str] | None = None, interval: float | None = None,
+                 sessions: int = 10000):
+        super().__init__()
+        self._stacks = stacks
+        self._interval = interval
+        self.poller: StatusPoller | None = None
+        self.sessions: OrderedDict[str, str] = OrderedDict()   # session id -> stack, LRU
+        self.max_sessions = sessions
+        self.choices = 0
+        self._lock = threading.Lock()
+
+    def ensure_poller(self, deployments: list[dict] | None = None) -> StatusPoller:
+        """Started on first use: the stacks from FLEET_STACKS (name=url,...) or, failing
+        that, from the deployments' model_info."""
+        with self._lock:
+            if self.poller is None:
+                stacks = self._stacks or parse_stacks(os.environ.get("FLEET_STACKS", ""))
+                if not stacks and deployments:
+                    stacks = {d["model_info"]["fleet_stack"]: d["model_info"]["fleet_url"]
+                              for d in deployments if "fleet_stack" in d.get("model_info", {})}
+                keys = {n: os.environ.get(f"FLEET_KEY_{n.upper().replace('-', '_')}", "")
+                        for n in stacks}
+                interval = self._interval or float(os.environ.get("FLEET_POLL_INTERVAL", "1.0"))
+                self.poller = StatusPoller(stacks, interval=interval, api_keys=keys).start()
+            return self.poller
+
+    def remember(self, sid: str, stack: str) -> None:
+        with self._lock:
+            self.sessions[sid] = stack
+            self.sessions.move_to_end(sid)
+            while len(self.sessions) > self.max_sessions:
+                self.sessions.popitem(last=False)
+
+    def pick(self, model: str, deployments: list[dict], request_kwargs: dict | None) -> list[dict]:
+        ours = [d for d in deployments if "fleet_stack" in (d.get("model_info") or {})]
+        if not ours:
+            return deployments
+        poller = self.ensure_poller(ours)
+        api = wanted_api(request_kwargs)
+        fitting = [d for d in ours if d["model_info"].get("fleet_api", "openai") == api] or ours
+        by_stack: dict[str, dict] = {}
+        for d in fitting:
+            by_stack.setdefault(d["model_info"]["fleet_stack"], d)
+        model_id = fitting[0]["model_info"].get("fleet_model") or model
+        sid = session_id(request_kwargs)
+        chosen = choose(model_id, list(by_stack), poller.status,
+                        self.sessions.get(sid) if sid else None)
+        self.choices += 1
+        if chosen is None:                  # none known up: LiteLLM's own choice and retries
+            return fitting
+        if sid:
+            self.remember(sid, chosen)
+        return [by_stack[chosen]]
+
+    async def async_filter_deployments(self, model, healthy_deployments, messages,
+                                       request_kwargs=None, parent_otel_span=None):
+        return self.pick(model, healthy_deployments, request_kwargs)
+
+
+def parse_stacks(text: str) -> dict[str, str]:
+    """"A=http://a:11433,B=http://b:11433" -> {"A": "http://a:11433", ...}"""
+    out = {}
+    for part in text.split(","):
+        if "=" in part:
+            name, url = part.split("=", 1)
+            out[name.strip()] = url.strip()
+    return out
+
+
+fleet_router = FleetRouter()
