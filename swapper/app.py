@@ -16,6 +16,7 @@ from .events import EventHub
 from .fanout import FanOut
 from .forward import Forwarder
 from .lease import Admission, EndsLeases
+from .loadtimes import LoadTimes
 from .metrics import SwapperMetrics
 from .registry import Registry
 from .runtime import DockerRuntime, Runtime
@@ -41,7 +42,8 @@ class Parts:
 def build(settings: Settings, runtime: Runtime | None = None) -> Parts:
     registry = Registry.load(settings.BACKENDS_DIR, settings.env, settings.DEFAULT_MODEL)
     scheduler = Scheduler(lambda m: registry.models[m].slots, max_queue=settings.MAX_QUEUE,
-                          backoff_base=settings.CRASH_BACKOFF, backoff_max=settings.CRASH_BACKOFF_MAX)
+                          backoff_base=settings.CRASH_BACKOFF, backoff_max=settings.CRASH_BACKOFF_MAX,
+                          load_times=LoadTimes.for_settings(settings))
     runtime = runtime or DockerRuntime(settings, registry)
     metrics = SwapperMetrics(scheduler.snapshot)
     events = EventHub()

@@ -195,6 +195,9 @@ def waiting_for(snapshot: dict, model: str) -> str:
         if progress.get("seconds") is not None:
             text += f" ({progress['seconds']:g} s"
             text += f": {progress['detail']})" if progress.get("detail") else ")"
+        eta = progress.get("eta_seconds", snapshot.get("expected_seconds"))
+        if eta is not None:
+            text += f", ~{_duration(eta)} left"
         return text
     if resident == model and phase == "ready":
         return (f"waiting for a free slot of {model} ({snapshot['in_flight']} in flight, "
@@ -217,8 +220,13 @@ def downloading_text(model: str, d: dict) -> str:
     if rate:
         text += f", {_size(rate)}/s"
     if eta is not None and rate:
-        text += ", ~" + (f"{eta / 60:.0f} min" if eta >= 90 else f"{eta:.0f} s")
+        text += ", ~" + _duration(eta)
     return text
+
+
+def _duration(seconds: float) -> str:
+    """`3 min`, `12 s` (an ETA in a progress comment)."""
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def _size(n: float) -> str:

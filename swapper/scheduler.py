@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .loadtimes import LoadTimes
+
 
 class SchedulerError(Exception):
     """Base of the errors a waiting request can get."""
@@ -74,6 +76,13 @@ class Ticket:
     error: SchedulerError | None = None
     backend: Any = None             # what the driver reported for the epoch (address...)
     event: threading.Event = field(default_factory=threading.Event)
+    queued_at: float = 0.0          # the scheduler's clock when it was submitted
+    admitted_at: float | None = None
+
+    @property
+    def wait_seconds(self) -> float | None:
+        """How long it waited for admission (a load, a swap, a free slot)."""
+        return None if self.admitted_at is None else max(0.0, self.admitted_at - self.queued_at)
 
 
 @dataclass(frozen=True)
@@ -91,7 +100,8 @@ class Action:
 class Scheduler:
     def __init__(self, slots: Callable[[str], int], max_queue: int = 64,
                  backoff_base: float = 1.0, backoff_max: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 load_times: LoadTimes | None = None):
         self._slots = slots
         self.max_queue = max_queue
         self.backoff_base = backoff_base
@@ -111,6 +121,10 @@ class Scheduler:
         self._failures: dict[str, int] = {}
         self._last_error: dict[str, str] = {}     # model -> why its last load failed
         self.progress: dict = {}                  # the running load's latest progress
+        # Past load durations per model: the ETA of a load (swapper/loadtimes.py).
+        self.load_times = load_times or LoadTimes()
+        self.last_swap_seconds: float | None = None   # a stop's start to the next ready
+        self._swap_t0: tuple[float, str] | None = None  # (when, model) of the last stop
         # Downloads on first use (swapper/download.py). A model whose files are
         # missing (the driver says so: mark_missing) is downloaded when first
         # asked for; meanwhile its requests are parked: they wait in the queue
@@ -138,8 +152,9 @@ class Scheduler:
             if model is not None and model in self._missing and model not in self.downloads:
                 self._start_download(model)
             tickets = []
+            now = self._clock()
             for _ in range(count):
-                t = Ticket(next(self._seq), model)
+                t = Ticket(next(self._seq), model, queued_at=now)
                 if joins:
                     t.epoch = self.epoch
                 self._queue.append(t)
@@ -194,13 +209,17 @@ class Scheduler:
             action, self._action = self._action, None
             return action
 
-    def load_done(self, epoch: int, backend: Any = None, error: LoadFailed | None = None) -> None:
+    def load_done(self, epoch: int, backend: Any = None, error: LoadFailed | None = None,
+                  seconds: float | None = None) -> None:
+        """The load of `epoch` ended: ready (`seconds`: how long the start took,
+        the driver's measure; else the time since `loading`), or failed."""
         with self._cv:
             if self.phase != LOADING or epoch != self.epoch:
                 return
             if error is not None:
                 model = self.model
                 self._failures[model] = self._failures.get(model, 0) + 1
+                self._swap_t0 = None
                 self._set_phase(IDLE, None)
                 for t in [t for t in self._queue if t.epoch == epoch]:
                     self._queue.remove(t)
@@ -211,6 +230,11 @@ class Scheduler:
             else:
                 self._backend = backend
                 self._last_error.pop(self.model, None)
+                self.load_times.add(self.model, self._clock() - self.since
+                                    if seconds is None else seconds)
+                if self._swap_t0 is not None and self._swap_t0[1] != self.model:
+                    self.last_swap_seconds = round(self._clock() - self._swap_t0[0], 3)
+                self._swap_t0 = None
                 self._set_phase(READY, self.model)
             self._schedule()
 
@@ -337,7 +361,8 @@ class Scheduler:
         with self._cv:
             if self.phase != LOADING or epoch != self.epoch:
                 return
-            self.progress = {"model": self.model, "seconds": round(seconds, 1), "detail": detail}
+            self.progress = {"model": self.model, "seconds": round(seconds, 1), "detail": detail,
+                             **self._eta(self.model, seconds)}
             self._emit("progress", **self.progress)
 
     def model_status(self, model: str) -> dict:
@@ -353,6 +378,9 @@ class Scheduler:
             else:
                 value = "failed" if model in self._last_error else "unloaded"
             out = {"value": value}
+            if value == "loading":
+                elapsed = self._clock() - self.since
+                out.update(elapsed_seconds=round(elapsed, 1), **self._eta(model, elapsed))
             if model in self._last_error:
                 out["failure"] = self._last_error[model]
             return out
@@ -371,7 +399,18 @@ class Scheduler:
                 "backend": self._backend,
                 "progress": dict(self.progress),
                 "downloads": {m: dict(d) for m, d in self.downloads.items()},
+                "expected_seconds": self.load_times.expected(self.model)
+                if self.phase == LOADING else None,
+                "last_swap_seconds": self.last_swap_seconds,
             }
+
+    def _eta(self, model: str, elapsed: float) -> dict:
+        """{expected_seconds, eta_seconds} of a load of `model` running `elapsed`
+        seconds, from its past loads; {} without any."""
+        expected = self.load_times.expected(model)
+        if expected is None:
+            return {}
+        return {"expected_seconds": expected, "eta_seconds": round(max(0.0, expected - elapsed), 1)}
 
     def subscribe(self, listener: Callable[[str, dict], None]) -> None:
         """Call `listener(event, fields)` on state events (metrics, logs)."""
@@ -412,6 +451,8 @@ class Scheduler:
         elif self.phase == IDLE:
             self._finish_unloads()
             queue = self._eligible()
+            if not queue:
+                self._swap_t0 = None        # an unload: no load followed the stop
             if queue:
                 model = queue[0].model
                 self.epoch += 1
@@ -428,7 +469,7 @@ class Scheduler:
         self._active.add(t)
         t.state = "admitted"
         t.backend = self._backend
-        self.last_activity = self._clock()
+        self.last_activity = t.admitted_at = self._clock()
         t.event.set()
 
     def _join_epoch(self, model: str) -> None:
@@ -439,6 +480,7 @@ class Scheduler:
     def _start_stop(self) -> None:
         model = self.model
         self._set_phase(STOPPING, model)
+        self._swap_t0 = (self.since, model)     # a swap when another model's load follows
         waiting = next((t.model for t in self._eligible() if t.model is not None), None)
         self._post(Action("stop", model, self.epoch, next_model=waiting))
 
@@ -458,8 +500,11 @@ class Scheduler:
         if phase != LOADING:
             self.progress = {}
         if old != (phase, model):
+            extra = {}
+            if phase == LOADING and (expected := self.load_times.expected(model)) is not None:
+                extra = {"expected_seconds": expected, "eta_seconds": expected}
             self._emit(PHASE_EVENTS[phase], model=model or old[1], previous=old[0],
-                       seconds=round(self.since - old_since, 3))
+                       seconds=round(self.since - old_since, 3), **extra)
 
     def _post(self, action: Action) -> None:
         self._action = action
