@@ -1,0 +1,320 @@
+"""Several stacks behind a real LiteLLM proxy (deploy/fleet, issue 23).
+
+Two real stacks on the one Docker engine -- each a swapper + proxy pair with its own
+STACK_NAME and ports, CPU llama-server + SmolLM2 backends: A declares alpha and beta,
+B declares beta and gamma -- and a third, C, whose proxy runs web search against a
+SearXNG-shaped server in front of a scripted model that searches. In front of them the
+pinned LiteLLM proxy (TESTBED_LITELLM) started from the config scripts/fleet.py
+writes, with our routing plugin (deploy/fleet/routing.py). Which stack served a
+request: LiteLLM's `x-litellm-model-id` header (`<stack>:<api>:<model>`). Loads and
+swaps: each swapper's /metrics. Docker is sampled all along: no stack ever runs two
+backends.
+
+The tests run in order and share the stacks (one start, ~10 s of LiteLLM start-up).
+"""
+import json
+import threading
+import time
+import uuid
+
+import anthropic
+import pytest
+import requests
+
+from tests.support.agents import QUERY, searching_model
+from tests.support.chat import Reply, search
+from tests.support.dialects import ScriptedDialects
+from tests.support.fleet import (KEY, DockerSampler, LiteLLMRouter, chat, served_by,
+                                 swapper_counts, wait_for)
+from tests.support.process import REPO
+from tests.support.proxyproc import ProxyProcess, searching
+from tests.support.swapperproc import SwapperProcess
+
+A_DIR = REPO / "tests" / "fixtures" / "fleet" / "a"
+B_DIR = REPO / "tests" / "fixtures" / "fleet" / "b"
+HEALTH_WINDOW = 20.0          # seconds of router health traffic watched for loads
+WEB = {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}
+
+
+class Fleet:
+    pass
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    f = Fleet()
+    with SwapperProcess(backends_dir=A_DIR) as sa, SwapperProcess(backends_dir=B_DIR) as sb, \
+            ProxyProcess(BACKEND_URL=sa.url, WEB_SEARCH=0, SYSTEM_PROMPT="") as pa, \
+            ProxyProcess(BACKEND_URL=sb.url, WEB_SEARCH=0, SYSTEM_PROMPT="") as pb, \
+            ScriptedDialects() as model_c, searching(model_c.url, True) as (c_url, _):
+        model_c.responder = searching_model
+        f.sa, f.sb, f.pa, f.pb, f.c_url, f.model_c = sa, sb, pa, pb, c_url, model_c
+        f.stacks = {"A": pa.url, "B": pb.url, "C": c_url}
+        with DockerSampler([sa.stack, sb.stack]) as sampler, \
+                LiteLLMRouter(f.stacks, cooldown=5.0, poll=0.5) as router:
+            f.sampler, f.router, f.url = sampler, router, router.url
+            yield f
+            # the restarted swapper of test_failover (if any) is stopped by its own test
+
+
+def counts(f) -> dict:
+    return {"A": swapper_counts(f.sa.url), "B": swapper_counts(f.sb.url)}
+
+
+def swaps(before: dict, after: dict) -> dict:
+    return {s: after[s]["swaps"] - before[s]["swaps"] for s in before}
+
+
+def loads(before: dict, after: dict) -> dict:
+    return {s: after[s]["loads"] - before[s]["loads"] for s in before}
+
+
+def unload_all(f):
+    for p in (f.pa, f.pb):
+        requests.post(p.url + "/unload", timeout=30).raise_for_status()
+    wait_for(lambda: not any(requests.get(sw.url + "/healthz", timeout=5).json()["model"]
+                             for sw in (f.sa, f.sb)), "both stacks idle")
+    time.sleep(1.2)                      # the router's poller (0.5 s) sees it
+
+
+def load(stack_proxy: str, model: str):
+    requests.post(f"{stack_proxy}/load/{model}", timeout=120).raise_for_status()
+    time.sleep(1.2)
+
+
+def ok_from(f, model: str, **kw) -> str:
+    r = chat(f.url, model, **kw)
+    assert r.status_code == 200, r.text
+    return served_by(r, f.stacks)
+
+
+# ------------------------------------------------------------------ the config
+
+def test_config_is_a_group_per_model_over_the_stacks_that_declare_it(fleet):
+    groups: dict[str, set] = {}
+    for d in fleet.router.config["model_list"]:
+        groups.setdefault(d["model_name"], set()).add(
+            (d["model_info"]["fleet_stack"], d["litellm_params"]["model"].split("/")[0]))
+    assert groups["alpha"] == {("A", "openai"), ("A", "anthropic")}
+    assert groups["beta"] == {("A", "openai"), ("A", "anthropic"), ("B", "openai"),
+                              ("B", "anthropic")}
+    assert groups["gamma"] == {("B", "openai"), ("B", "anthropic")}
+    aliases = fleet.router.config["router_settings"]["model_group_alias"]
+    assert aliases["al"] == "alpha" and aliases["be"] == "beta" and aliases["ga"] == "gamma"
+    assert fleet.router.config["general_settings"]["background_health_checks"] is False
+    r = requests.get(fleet.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"},
+                     timeout=10)
+    assert {"alpha", "beta", "gamma", "scripted-model"} <= {m["id"] for m in r.json()["data"]}
+
+
+# ------------------------------------------------------------------ routing
+
+def test_alpha_goes_to_a_and_gamma_to_b(fleet):
+    for _ in range(3):
+        assert ok_from(fleet, "alpha") == "A"
+        assert ok_from(fleet, "gamma") == "B"
+    assert ok_from(fleet, "al") == "A" and ok_from(fleet, "ga") == "B"     # aliases
+
+
+def test_beta_goes_where_it_is_resident(fleet):
+    unload_all(fleet)
+    load(fleet.pb.url, "beta")
+    before = counts(fleet)
+    assert {ok_from(fleet, "beta") for _ in range(5)} == {"B"}
+    load(fleet.pa.url, "alpha")               # A busy with another model: still B
+    assert {ok_from(fleet, "beta") for _ in range(3)} == {"B"}
+    after = counts(fleet)
+    assert swaps(before, after) == {"A": 0, "B": 0}
+    # now resident on A only (B holds gamma): beta follows it
+    load(fleet.pb.url, "gamma")
+    load(fleet.pa.url, "beta")
+    before = counts(fleet)
+    assert {ok_from(fleet, "beta") for _ in range(3)} == {"A"}
+    assert swaps(before, counts(fleet)) == {"A": 0, "B": 0}
+
+
+def test_beta_prefers_an_idle_stack_to_a_swap(fleet):
+    unload_all(fleet)
+    load(fleet.pa.url, "alpha")               # A holds alpha, B holds nothing
+    before = counts(fleet)
+    assert ok_from(fleet, "beta") == "B"
+    assert swaps(before, counts(fleet)) == {"A": 0, "B": 0}
+
+
+def test_twenty_turns_of_one_session_stay_on_one_stack_with_no_swap(fleet):
+    unload_all(fleet)
+    sid = str(uuid.uuid4())
+    before = counts(fleet)
+    messages, served = [], []
+    for turn in range(20):
+        messages.append({"role": "user", "content": f"turn {turn}"})
+        r = chat(fleet.url, "beta", headers={"X-Claude-Code-Session-Id": sid},
+                 messages=messages)
+        assert r.status_code == 200, r.text
+        served.append(served_by(r, fleet.stacks))
+        messages.append({"role": "assistant",
+                         "content": r.json()["choices"][0]["message"]["content"] or "ok"})
+    assert len(set(served)) == 1, served
+    after = counts(fleet)
+    assert swaps(before, after) == {"A": 0, "B": 0}
+    assert sum(loads(before, after).values()) == 1          # the first turn's load only
+
+
+@pytest.mark.parametrize("how", ["claude-header", "x-session-id", "metadata-user-id"])
+def test_a_session_stays_on_its_stack_over_a_resident_elsewhere(fleet, how):
+    """Session affinity beats residency: a session that began on B stays on B after
+    beta moved to A (B is up; its prompt cache is there)."""
+    unload_all(fleet)
+    load(fleet.pb.url, "beta")
+    sid = str(uuid.uuid4())
+
+    def turn() -> str:
+        if how == "metadata-user-id":      # Claude Code's body field, Anthropic Messages
+            r = requests.post(fleet.url + "/v1/messages", timeout=120, headers={
+                "x-api-key": KEY, "anthropic-version": "2023-06-01"}, json={
+                "model": "beta", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],
+                "metadata": {"user_id": json.dumps({"device_id": "d", "session_id": sid})}})
+        else:
+            header = "X-Claude-Code-Session-Id" if how == "claude-header" else "x-session-id"
+            r = chat(fleet.url, "beta", headers={header: sid})
+        assert r.status_code == 200, r.text
+        return served_by(r, fleet.stacks)
+
+    assert turn() == "B"
+    requests.post(fleet.pb.url + "/unload", timeout=30).raise_for_status()
+    load(fleet.pa.url, "beta")
+    assert ok_from(fleet, "beta") == "A"       # no session: where it is resident
+    assert turn() == "B"                       # the session: where it was
+
+
+def test_health_traffic_starts_no_load(fleet):
+    """The router's own health traffic (the plugin's /healthz + /v1/models polls every
+    0.5 s; LiteLLM's background health checks off) over a window: no load anywhere."""
+    unload_all(fleet)
+    before = counts(fleet)
+    t_end = time.monotonic() + HEALTH_WINDOW
+    while time.monotonic() < t_end:
+        r = requests.get(fleet.url + "/health/liveliness", timeout=5)
+        assert r.status_code == 200
+        time.sleep(1)
+    after = counts(fleet)
+    assert loads(before, after) == {"A": 0, "B": 0}
+    for sw in (fleet.sa, fleet.sb):
+        assert requests.get(sw.url + "/healthz", timeout=5).json()["model"] is None
+
+
+# ------------------------------------------------------------------ dialects (stack C)
+
+def _blocks(msg: dict) -> list[dict]:
+    """Content blocks less the per-answer ids."""
+    out = []
+    for b in msg["content"]:
+        b = {k: v for k, v in b.items() if k not in ("id", "tool_use_id")}
+        out.append(b)
+    return out
+
+
+def test_anthropic_web_search_blocks_pass_through_unchanged(fleet):
+    body = {"model": "scripted-model", "max_tokens": 256, "tools": [WEB],
+            "messages": [{"role": "user", "content": "What changed in Flask 3.1?"}]}
+    direct = requests.post(fleet.c_url + "/v1/messages", json=body, timeout=60).json()
+    routed = requests.post(fleet.url + "/v1/messages", json=body, timeout=60, headers={
+        "x-api-key": KEY, "anthropic-version": "2023-06-01"})
+    assert routed.status_code == 200, routed.text
+    assert routed.headers["x-litellm-model-id"].startswith("C:anthropic:")
+    kinds = [b["type"] for b in routed.json()["content"]]
+    assert "server_tool_use" in kinds and "web_search_tool_result" in kinds, kinds
+    assert _blocks(routed.json()) == _blocks(direct)
+    # streamed, with the anthropic SDK: the same blocks
+    c = anthropic.Anthropic(base_url=fleet.url, api_key=KEY, max_retries=0, timeout=60)
+    with c.messages.stream(**body) as s:
+        msg = s.get_final_message()
+    assert [b.type for b in msg.content] == kinds
+    res = next(b for b in msg.content if b.type == "web_search_tool_result")
+    assert res.content[0].url.startswith("https://example.com/")
+    assert msg.content[-1].text.startswith("ANSWER: the changelog is at https://example.com/")
+
+
+def test_responses_web_search_through_the_router(fleet):
+    r = requests.post(fleet.url + "/v1/responses", timeout=60, headers={
+        "Authorization": f"Bearer {KEY}"}, json={
+        "model": "scripted-model", "input": "What changed in Flask 3.1?",
+        "tools": [{"type": "web_search"}]})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    text = "".join(c.get("text", "") for i in out["output"] if i.get("type") == "message"
+                   for c in i.get("content", []))
+    assert "https://example.com/" in text, out
+
+
+def test_chat_with_the_injected_search_and_n_through_the_router(fleet):
+    """Chat completions: the stack injects its web_search tool and runs the search
+    round; the router passes the request on and returns the stack's final answer."""
+    fleet.model_c.requests.clear()
+    fleet.model_c.script(Reply(tool_calls=[search(QUERY)]),
+                         Reply(content="Flask 3.1 adds partitioned cookies [1]."))
+    r = chat(fleet.url, "scripted-model", max_tokens=64,
+             messages=[{"role": "user", "content": "What changed in Flask 3.1?"}])
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "Flask 3.1 adds partitioned cookies [1]."
+    first, second = fleet.model_c.requests[-2:]
+    assert "web_search" in json.dumps(first.get("tools") or [])           # injected by the stack
+    assert "https://example.com/" in json.dumps(second["messages"])       # the SearXNG results
+    r = chat(fleet.url, "beta", n=2, max_tokens=2)
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text
+
+
+# ------------------------------------------------------------------ failure
+
+def test_failover_when_a_swapper_dies_and_return(fleet):
+    """Beta resident on A only; A's swapper is killed mid-traffic: beta moves to B
+    (cooldown + the plugin's poll), no request lost beyond the one in flight; A's
+    swapper comes back on the same port and the router sends alpha to it again."""
+    unload_all(fleet)
+    load(fleet.pa.url, "beta")
+    assert ok_from(fleet, "beta") == "A"
+    results: list[tuple[int, str | None]] = []
+    stop = threading.Event()
+
+    def traffic():
+        while not stop.is_set():
+            try:
+                r = chat(fleet.url, "beta", timeout=60)
+                results.append((r.status_code, served_by(r, fleet.stacks)))
+            except requests.RequestException:
+                results.append((0, None))
+
+    t = threading.Thread(target=traffic, daemon=True)
+    t.start()
+    time.sleep(1.0)
+    n_before_kill = len(results)
+    fleet.sa.stop(kill=True)
+    killed_at = time.monotonic()
+    wait_for(lambda: any(s == "B" for _, s in results[n_before_kill:]), "beta served by B", 60)
+    moved_after = time.monotonic() - killed_at
+    time.sleep(2.0)
+    stop.set()
+    t.join(60)
+    after_kill = results[n_before_kill:]
+    failed = [r for r in after_kill if r[0] != 200]
+    assert len(failed) <= 1, after_kill            # at most the one in flight at the kill
+    assert moved_after < 10, moved_after
+    assert all(s == "B" for code, s in after_kill[-3:] if code == 200)
+
+    # A's swapper returns (same stack name, same port: its proxy points there)
+    back = SwapperProcess(stack=fleet.sa.stack, backends_dir=A_DIR,
+                          publish_port=fleet.sa.publish_port)
+    back.port, back.url = fleet.sa.port, fleet.sa.url
+    back.env["SWAPPER_PORT"] = str(fleet.sa.port)
+    with back:
+        fleet.sa = back
+        wait_for(lambda: chat(fleet.url, "alpha").status_code == 200, "alpha answered", 60)
+        assert ok_from(fleet, "alpha") == "A"
+        assert ok_from(fleet, "beta") in ("A", "B")
+        unload_all(fleet)
+
+
+def test_no_stack_ever_ran_two_backends(fleet):
+    assert fleet.sampler.samples > 50
+    assert fleet.sampler.max_running == {fleet.sb.stack: 1, **{
+        s: 1 for s in fleet.sampler.max_running if s != fleet.sb.stack}}
