@@ -26,12 +26,18 @@ Paths, all to that one backend (one slot = one prompt cache):
   stack         the agent's raw body to the proxy (default settings but
                 TOOL_MAX_TOKENS_FLOOR=0: see main) -> swapper
 
-Each path replays all sessions back to back from an erased slot (A1..A6 then B1..B3,
-so B1 meets A6's cache); the paths run one after the other, the order alternating
-between repeats. Per turn: HTTP status, prompt tokens, tokens reused from the cache and
-processed (llama-server's own counters: /metrics prompt_tokens_total and /slots, checked
-against the answer's usage), TTFT (time to the first event carrying a generated token)
-and total time. Targets (issue 21) are checked and printed; nothing is asserted.
+Each path replays all sessions from an erased slot (A1..A6 then B1..B3, so B1 meets
+A6's cache), and the paths take turns: turn N on one path, then turn N on the other
+(the order alternating per turn and per repeat), each path's slot saved after its turn
+and restored before its next one (llama-server's /slots save/restore, not timed), so the
+two halves of a pair run seconds apart, not a session apart: machine noise (other
+processes taking the two cores) falls on both. Per turn: HTTP status, prompt tokens,
+tokens reused from the cache and processed (llama-server's own counters: /metrics
+prompt_tokens_total and /slots, checked against the answer's usage), TTFT (time to the
+first event carrying a generated token), the backend's own prefill seconds
+(/metrics prompt_seconds_total), so TTFT outside the prefill, which is all the stack
+can add (the backend computes the same prompt either way), and total time. Targets
+(issue 21) are checked and printed; nothing is asserted.
 """
 from __future__ import annotations
 
@@ -220,9 +226,11 @@ class Backend:
     def metrics(self) -> dict:
         text = self.http.get(self.url + "/metrics", timeout=30).text
         out = {}
-        for key in ("prompt_tokens_total", "tokens_predicted_total"):
+        for key in ("prompt_tokens_total", "tokens_predicted_total", "prompt_seconds_total"):
             m = re.search(rf"^llamacpp:{key} (\S+)$", text, re.M)
-            out[key] = int(float(m.group(1))) if m else None
+            out[key] = float(m.group(1)) if m else None
+        for key in ("prompt_tokens_total", "tokens_predicted_total"):
+            out[key] = int(out[key]) if out[key] is not None else None
         return out
 
     def slot(self) -> dict:
@@ -235,6 +243,12 @@ class Backend:
 
     def erase(self) -> None:
         r = self.http.post(self.url + "/slots/0?action=erase", timeout=60)
+        r.raise_for_status()
+
+    def keep(self, action: str, name: str) -> None:
+        """Save the slot to (or restore it from) a file under --slot-save-path."""
+        r = self.http.post(self.url + f"/slots/0?action={action}",
+                           json={"filename": f"agents-{name}.bin"}, timeout=600)
         r.raise_for_status()
 
     def token_ids(self, text: str) -> list[int]:
@@ -251,6 +265,9 @@ def measured(backend: Backend, url: str, path: str, body: dict) -> dict:
     gen = after["tokens_predicted_total"] - before["tokens_predicted_total"]
     r["processed"] = processed
     r["generated"] = gen
+    r["prefill_s"] = round(after["prompt_seconds_total"] - before["prompt_seconds_total"], 4)
+    if r.get("ttft_s") is not None:
+        r["outside_s"] = r["ttft_s"] - r["prefill_s"]
     r["slot_tokens"] = s.get("n_prompt_tokens")
     r["task"] = s.get("id_task")
     r["_text"] = s.get("prompt") if r["status"] == 200 else None   # (SLOTS_DEBUG)
@@ -315,34 +332,48 @@ def expectations(rows: list[dict], backend: Backend) -> None:
 
 # ------------------------------------------------------------------- the run
 
-def run_path(label: str, agent: str, sessions, backend: Backend, stack_url: str,
-             log) -> list[list[dict]]:
+def turn(label: str, agent: str, body: dict, backend: Backend, stack_url: str) -> dict:
     _, path, _, _ = AGENTS[agent]
-    backend.erase()
-    res = []
+    if label == "stack":
+        return measured(backend, stack_url, path, capped(agent, body, args.max_tokens))
+    before = backend.metrics()["prompt_tokens_total"]
+    raw = post_stream(backend.url, path, capped(agent, body, args.max_tokens))
+    raw["processed"] = backend.metrics()["prompt_tokens_total"] - before
+    r = measured(backend, backend.url, path, capped(agent, fixed(agent, body), args.max_tokens))
+    r["raw"] = {k: raw.get(k) for k in ("status", "error", "processed", "total_s")}
+    return r
+
+
+def run_paired(agent: str, sessions, backend: Backend, stack_url: str, rep: int,
+               log) -> dict:
+    """Both paths, turn by turn: each path's slot restored before its turn and saved
+    after it (never timed), so a pair runs seconds apart."""
+    run = {"direct": [], "stack": []}
+    n = 0
     for si, bodies in enumerate(sessions):
-        rows = []
+        for label in run:
+            run[label].append([])
         for ti, body in enumerate(bodies):
             name = f"{'AB'[si]}{ti + 1}"
-            if label == "direct":
-                before = backend.metrics()["prompt_tokens_total"]
-                raw = post_stream(backend.url, path, capped(agent, body, args.max_tokens))
-                raw["processed"] = backend.metrics()["prompt_tokens_total"] - before
-                r = measured(backend, backend.url, path, capped(agent, fixed(agent, body),
-                                                                 args.max_tokens))
-                r["raw"] = {k: raw.get(k) for k in ("status", "error", "processed", "total_s")}
-            else:
-                r = measured(backend, stack_url, path, capped(agent, body, args.max_tokens))
-            r["turn"] = name
-            r["kind"] = kind_of(agent, si, ti, body)
-            log(f"{agent} {label} {name} ({r['kind']}): HTTP {r['status']}"
-                + (f" raw {r['raw']['status']}" if "raw" in r else "")
-                + f", prompt {r.get('prompt')}, reused {r.get('reused')}, processed "
-                  f"{r['processed']}, TTFT {fmt_ms(r.get('ttft_s'))} ms, total "
-                  f"{fmt_ms(r['total_s'])} ms" + (f", error {r.get('error')}" if r.get("error") else ""))
-            rows.append(r)
-        res.append(rows)
-    return res
+            order = ["direct", "stack"] if (rep + n) % 2 == 0 else ["stack", "direct"]
+            n += 1
+            for label in order:
+                if si == 0 and ti == 0:
+                    backend.erase()
+                else:
+                    backend.keep("restore", label)
+                r = turn(label, agent, body, backend, stack_url)
+                backend.keep("save", label)
+                r["turn"] = name
+                r["kind"] = kind_of(agent, si, ti, body)
+                log(f"{agent} {label} {name} ({r['kind']}): HTTP {r['status']}"
+                    + (f" raw {r['raw']['status']}" if "raw" in r else "")
+                    + f", prompt {r.get('prompt')}, reused {r.get('reused')}, processed "
+                      f"{r['processed']}, TTFT {fmt_ms(r.get('ttft_s'))} ms (prefill "
+                      f"{fmt_ms(r.get('prefill_s'))}), total {fmt_ms(r['total_s'])} ms"
+                    + (f", error {r.get('error')}" if r.get("error") else ""))
+                run[label][si].append(r)
+    return run
 
 
 def fmt_ms(x) -> str:
@@ -368,6 +399,10 @@ def summarise(agent: str, runs: list[dict]) -> dict:
             td = [r["direct"][si][ti].get("ttft_s") for r in runs]
             ts = [r["stack"][si][ti].get("ttft_s") for r in runs]
             ratios = [b / a for a, b in zip(td, ts) if a and b]
+            # what the stack adds: TTFT outside the backend's own prefill, stack - direct
+            added = [r["stack"][si][ti]["outside_s"] - r["direct"][si][ti]["outside_s"]
+                     for r in runs if "outside_s" in r["stack"][si][ti]
+                     and "outside_s" in r["direct"][si][ti]]
             t = {"turn": d["turn"], "kind": d["kind"], "status_raw": d["raw"]["status"],
                  "raw_error": d["raw"].get("error"), "raw_processed": d["raw"]["processed"],
                  "status_direct": d["status"], "status_stack": s["status"],
@@ -377,6 +412,12 @@ def summarise(agent: str, runs: list[dict]) -> dict:
                  "reported_direct": d.get("usage"), "reported_stack": s.get("usage"),
                  "ttft_direct_s": med(td), "ttft_stack_s": med(ts),
                  "ttft_ratio": med(ratios), "ttft_direct_all_s": td, "ttft_stack_all_s": ts,
+                 "prefill_direct_s": med([r["direct"][si][ti].get("prefill_s") for r in runs]),
+                 "prefill_stack_s": med([r["stack"][si][ti].get("prefill_s") for r in runs]),
+                 "added_s": med(added), "added_all_s": added,
+                 # TTFT had the backend computed as fast on both paths
+                 "ttft_ratio_same_backend": (1 + med(added) / med(td)) if added and med(td)
+                 else None,
                  "total_direct_s": med([r["direct"][si][ti]["total_s"] for r in runs]),
                  "total_stack_s": med([r["stack"][si][ti]["total_s"] for r in runs]),
                  "stack_differs_at": s.get("differs_at"),
@@ -426,6 +467,19 @@ def summarise(agent: str, runs: list[dict]) -> dict:
             "every turn within" if not over else f"over on {', '.join(over)}")
     check(f"TTFT through the stack within {TTFT_TOLERANCE:.0%} of direct per turn",
           not over and bool(within), detail)
+    same = [t for t in turns if t["ttft_ratio_same_backend"] is not None]
+    over = [f"{t['turn']} {t['ttft_ratio_same_backend']:.3f}" for t in same
+            if t["ttft_ratio_same_backend"] > 1 + TTFT_TOLERANCE]
+    check(f"... the stack's own share (TTFT outside the backend's prefill, stack - direct) "
+          f"within {TTFT_TOLERANCE:.0%} of direct's TTFT per turn", not over and bool(same),
+          "no TTFT measured" if not same else
+          f"the stack adds a median {med([t['added_s'] for t in same]) * 1e3:.1f} ms a turn "
+          f"(range {min(t['added_s'] for t in same) * 1e3:.1f} to "
+          f"{max(t['added_s'] for t in same) * 1e3:.1f}); backend prefill direct / stack "
+          f"differs by a median "
+          f"{med([t['prefill_stack_s'] / t['prefill_direct_s'] for t in same if t['prefill_direct_s']]):.3f}x "
+          f"(the same prompt computed: machine noise); "
+          + ("every turn within" if not over else f"over on {', '.join(over)}"))
     for t in turns:
         if t["kind"] == "new session":
             head = t["head_tokens"]
@@ -472,8 +526,9 @@ def report(summary: dict, repeats: int) -> str:
              "| turn | kind | status raw / fixed / stack | prompt tokens direct / stack | "
              "reused direct / stack | processed direct / stack | template allows | "
              f"TTFT ms direct / stack{' (median of ' + str(repeats) + ')' if repeats > 1 else ''}"
-             " | stack / direct | total ms direct / stack |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             " | stack / direct | backend prefill ms direct / stack | stack adds ms "
+             "| total ms direct / stack |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in summary["turns"]:
         ratio = "—" if t["ttft_ratio"] is None else f"{t['ttft_ratio']:.3f}"
         lines.append(
@@ -482,6 +537,8 @@ def report(summary: dict, repeats: int) -> str:
             f"{t['reused_direct']} / {t['reused_stack']} | {t['processed_direct']} / "
             f"{t['processed_stack']} | {t.get('expected_processed') if t.get('expected_processed') is not None else '—'} | "
             f"{fmt_ms(t['ttft_direct_s'])} / {fmt_ms(t['ttft_stack_s'])} | {ratio} | "
+            f"{fmt_ms(t['prefill_direct_s'])} / {fmt_ms(t['prefill_stack_s'])} | "
+            f"{'—' if t['added_s'] is None else format(t['added_s'] * 1e3, '.1f')} | "
             f"{fmt_ms(t['total_direct_s'])} / {fmt_ms(t['total_stack_s'])} |")
     lines.append("")
     for c in summary["checks"]:
@@ -570,13 +627,10 @@ def main() -> None:
                             for s in captured_agents.captured(agent)[:args.sessions]]
                 runs = []
                 for rep in range(reps.get(agent, 1)):
-                    order = ["direct", "stack"] if rep % 2 == 0 else ["stack", "direct"]
-                    run = {}
-                    for label in order:
-                        log(f"{agent}: repeat {rep + 1}, path {label}")
-                        run[label] = run_path(label, agent, sessions, backend, proxy.url, log)
+                    log(f"{agent}: repeat {rep + 1}")
+                    run = run_paired(agent, sessions, backend, proxy.url, rep, log)
                     compare(run)
-                    for label in order:
+                    for label in run:
                         expectations([r for rows in run[label] for r in rows], backend)
                     runs.append(run)
                 res["agents"][agent] = {"runs": runs}
