@@ -256,7 +256,9 @@ def test_chat_with_the_injected_search_and_n_through_the_router(fleet):
     r = chat(fleet.url, "scripted-model", max_tokens=64,
              messages=[{"role": "user", "content": "What changed in Flask 3.1?"}])
     assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"]["content"] == "Flask 3.1 adds partitioned cookies [1]."
+    answer = r.json()["choices"][0]["message"]["content"]
+    assert answer.startswith("Flask 3.1 adds partitioned cookies [1].")
+    assert "https://example.com/flask-3-1-changelog/0" in answer               # the stack's sources
     first, second = fleet.model_c.requests[-2:]
     assert "web_search" in json.dumps(first.get("tools") or [])           # injected by the stack
     assert "https://example.com/" in json.dumps(second["messages"])       # the SearXNG results
@@ -316,5 +318,5 @@ def test_failover_when_a_swapper_dies_and_return(fleet):
 
 def test_no_stack_ever_ran_two_backends(fleet):
     assert fleet.sampler.samples > 50
-    assert fleet.sampler.max_running == {fleet.sb.stack: 1, **{
-        s: 1 for s in fleet.sampler.max_running if s != fleet.sb.stack}}
+    assert all(n <= 1 for n in fleet.sampler.max_running.values()), fleet.sampler.max_running
+    assert max(fleet.sampler.max_running.values()) == 1                  # it did see backends
