@@ -1,0 +1,208 @@
+"""The fleet's routing choice (deploy/fleet/routing.py) and config generator
+(scripts/fleet.py), without LiteLLM: a pure function, a poller against scripted
+stacks, the deployments narrowing, the config's shape."""
+import importlib.util
+import json
+
+import pytest
+from flask import Flask, jsonify
+
+from scripts import fleet
+from tests.support.process import REPO
+from tests.support.servers import ServerThread
+
+_spec = importlib.util.spec_from_file_location("fleet_routing", REPO / "deploy" / "fleet" / "routing.py")
+routing = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(routing)
+S = routing.StackStatus
+
+
+def st(resident=None, state="ready", busy=0, up=True, **models):
+    return S(up=up, resident=resident, state=state if resident else "idle", busy=busy,
+             models=models)
+
+
+# ------------------------------------------------------------------ choose
+
+def test_loaded_beats_idle_beats_swap():
+    status = {"A": st("alpha", alpha="loaded", beta="unloaded"),
+              "B": st(None, beta="unloaded"), "C": st("beta", beta="loaded")}
+    assert routing.choose("beta", ["A", "B", "C"], status) == "C"
+    assert routing.choose("beta", ["A", "B"], status) == "B"        # a load, not a swap
+    assert routing.choose("alpha", ["A", "B"], status) == "A"
+
+
+def test_never_a_swapping_stack_when_another_has_it_resident():
+    status = {"A": st("beta", state="loading", beta="loading"),       # swapping to beta
+              "B": st("beta", beta="loaded")}
+    assert routing.choose("beta", ["A", "B"], status) == "B"
+    # ... and a stack loading it is still better than one that would swap again
+    status["B"] = st("gamma", gamma="loaded", beta="unloaded")
+    assert routing.choose("beta", ["A", "B"], status) == "A"
+
+
+def test_ties_go_to_the_least_busy_then_the_first_named():
+    status = {"A": st("beta", busy=3, beta="loaded"), "B": st("beta", busy=1, beta="loaded")}
+    assert routing.choose("beta", ["A", "B"], status) == "B"
+    status["B"].busy = 3
+    assert routing.choose("beta", ["A", "B"], status) == "A"
+
+
+def test_session_stays_unless_its_stack_is_down():
+    status = {"A": st("alpha", alpha="loaded"), "B": st("beta", beta="loaded")}
+    assert routing.choose("beta", ["A", "B"], status, session_stack="A") == "A"
+    status["A"].up = False
+    assert routing.choose("beta", ["A", "B"], status, session_stack="A") == "B"
+
+
+def test_down_stacks_are_skipped_and_none_up_is_none():
+    status = {"A": st("beta", beta="loaded", up=False), "B": st(None)}
+    assert routing.choose("beta", ["A", "B"], status) == "B"
+    status["B"].up = False
+    assert routing.choose("beta", ["A", "B"], status) is None
+    assert routing.choose("beta", ["A", "B"], {}) is None
+
+
+# ------------------------------------------------------------------ request reading
+
+@pytest.mark.parametrize("kw,sid", [
+    ({"proxy_server_request": {"headers": {"X-Claude-Code-Session-Id": "s1"}}}, "h:s1"),
+    ({"metadata": {"headers": {"x-session-id": "s2"}}}, "h:s2"),
+    ({"litellm_metadata": {"headers": {"session_id": "codex-1"}}}, "h:codex-1"),
+    ({"proxy_server_request": {"headers": {}, "body": {"metadata": {
+        "user_id": json.dumps({"device_id": "d", "session_id": "cc-7"})}}}}, "s:cc-7"),
+    ({"metadata": {"user_id": "user_abc"}}, "u:user_abc"),
+    ({"metadata": {"litellm_session_id": "l9"}}, "l:l9"),
+    ({}, None), (None, None),
+])
+def test_session_id(kw, sid):
+    assert routing.session_id(kw) == sid
+
+
+def test_wanted_api_by_route():
+    assert routing.wanted_api({"proxy_server_request": {"url": "http://r/v1/messages"}}) == "anthropic"
+    assert routing.wanted_api({"proxy_server_request": {"url": "http://r/v1/responses"}}) == "openai"
+    assert routing.wanted_api({"proxy_server_request": {
+        "url": "http://r/v1/chat/completions?x=1"}}) == "openai"
+    assert routing.wanted_api(None) == "openai"
+
+
+# ------------------------------------------------------------------ the poller
+
+def scripted_stack(health: dict, models: list[dict], wrap=True) -> ServerThread:
+    app = Flask("stack")
+
+    @app.get("/healthz")
+    def healthz():
+        if wrap:     # the proxy's shape: the swapper's answer under upstream.body
+            return jsonify({"status": "ok", "service": "proxy", "upstream": {
+                "status": "ok" if health.get("status") == "ok" else "unreachable",
+                "body": health}})
+        return jsonify(health)
+
+    @app.get("/v1/models")
+    def v1_models():
+        return jsonify({"object": "list", "data": models})
+
+    @app.post("/v1/chat/completions")
+    def never():                                   # the poller must never get here
+        raise AssertionError("a completion was sent")
+
+    return ServerThread(app)
+
+
+def test_poller_reads_health_and_models_never_a_completion():
+    health = {"status": "ok", "model": "beta", "state": "ready", "in_flight": 2, "queued": 1}
+    models = [{"id": "alpha", "status": {"value": "unloaded"}},
+              {"id": "beta", "status": {"value": "loaded"}}]
+    with scripted_stack(health, models) as a, scripted_stack(health, models, wrap=False) as b:
+        p = routing.StatusPoller({"A": a.url, "B": b.url, "C": "http://127.0.0.1:9"}, timeout=1)
+        p.poll()
+        for name in ("A", "B"):
+            s = p.status[name]
+            assert s.up and s.resident == "beta" and s.state == "ready" and s.busy == 3
+            assert s.models == {"alpha": "unloaded", "beta": "loaded"}
+        assert not p.status["C"].up                  # nothing listens there
+        health["status"] = "degraded"                # the swapper lost Docker
+        p.poll()
+        assert not p.status["A"].up and not p.status["B"].up
+
+
+# ------------------------------------------------------------------ the LiteLLM hook
+
+def deployments(*specs):
+    return [{"model_name": m, "litellm_params": {"model": f"{api}/{m}"},
+             "model_info": {"id": f"{s}:{api}:{m}", "fleet_stack": s, "fleet_api": api,
+                            "fleet_model": m, "fleet_url": f"http://{s}"}}
+            for s, api, m in specs]
+
+
+class FakePoller:
+    def __init__(self, status):
+        self.status = status
+
+
+def test_filter_narrows_to_one_deployment_of_the_right_dialect():
+    r = routing.FleetRouter()
+    r.poller = FakePoller({"A": st("alpha", alpha="loaded"), "B": st("beta", beta="loaded")})
+    ds = deployments(("A", "openai", "beta"), ("A", "anthropic", "beta"),
+                     ("B", "openai", "beta"), ("B", "anthropic", "beta"))
+    chat = {"proxy_server_request": {"url": "http://r/v1/chat/completions",
+                                     "headers": {"x-session-id": "s"}}}
+    assert [d["model_info"]["id"] for d in r.pick("beta", ds, chat)] == ["B:openai:beta"]
+    msgs = {"proxy_server_request": {"url": "http://r/v1/messages", "headers": {"x-session-id": "s"}}}
+    r.poller.status["A"] = st("beta", beta="loaded")      # now both: the session keeps B
+    assert [d["model_info"]["id"] for d in r.pick("beta", ds, msgs)] == ["B:anthropic:beta"]
+    r.poller.status = {}                                   # none known up: LiteLLM decides
+    assert len(r.pick("beta", ds, chat)) == 2
+    other = [{"model_name": "x", "litellm_params": {"model": "openai/x"}, "model_info": {}}]
+    assert r.pick("x", other, chat) == other               # not ours: untouched
+
+
+def test_sessions_are_bounded():
+    r = routing.FleetRouter(sessions=3)
+    for i in range(5):
+        r.remember(f"s{i}", "A")
+    assert list(r.sessions) == ["s2", "s3", "s4"]
+
+
+# ------------------------------------------------------------------ scripts/fleet.py
+
+def test_config_groups_aliases_and_keys():
+    stacks = {"gpu1": [{"id": "alpha", "aliases": ["al"]}, {"id": "beta", "aliases": ["be"]}],
+              "gpu2": [{"id": "beta", "aliases": ["be", "b2"]}, {"id": "gamma"}]}
+    urls = {"gpu1": "http://gpu1:11433/", "gpu2": "http://gpu2:11433"}
+    cfg = fleet.build(stacks, urls, keyed={"gpu2"})
+    by = {}
+    for d in cfg["model_list"]:
+        by.setdefault(d["model_name"], []).append(d)
+    assert sorted(by) == ["alpha", "beta", "gamma"]
+    assert {(d["model_info"]["fleet_stack"], d["litellm_params"]["model"], d["litellm_params"]["api_base"])
+            for d in by["beta"]} == {
+        ("gpu1", "openai/beta", "http://gpu1:11433/v1"), ("gpu1", "anthropic/beta", "http://gpu1:11433"),
+        ("gpu2", "openai/beta", "http://gpu2:11433/v1"), ("gpu2", "anthropic/beta", "http://gpu2:11433")}
+    assert {d["litellm_params"]["api_key"] for d in by["gamma"]} == {"os.environ/FLEET_KEY_GPU2"}
+    assert {d["litellm_params"]["api_key"] for d in by["alpha"]} == {"none"}
+    assert cfg["router_settings"]["model_group_alias"] == {"al": "alpha", "be": "beta", "b2": "beta"}
+    assert cfg["litellm_settings"]["callbacks"] == ["routing.fleet_router"]
+    assert cfg["general_settings"]["background_health_checks"] is False
+    assert cfg["environment_variables"]["FLEET_STACKS"] == "gpu1=http://gpu1:11433,gpu2=http://gpu2:11433"
+    ids = [d["model_info"]["id"] for d in cfg["model_list"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_default_strategy_config_has_no_plugin():
+    cfg = fleet.build({"a": [{"id": "m"}]}, {"a": "http://a"}, strategy="simple-shuffle")
+    assert "callbacks" not in cfg["litellm_settings"]
+    assert cfg["router_settings"]["routing_strategy"] == "simple-shuffle"
+
+
+def test_cli_writes_the_config_from_the_stacks(tmp_path):
+    health = {"status": "ok", "model": None, "state": "idle"}
+    with scripted_stack(health, [{"id": "alpha", "aliases": ["al"], "status": {"value": "unloaded"}}]) as a:
+        out = tmp_path / "config.yaml"
+        assert fleet.main(["--stack", f"A={a.url}", "-o", str(out)]) == 0
+        import yaml
+        cfg = yaml.safe_load(out.read_text())
+        assert {d["model_name"] for d in cfg["model_list"]} == {"alpha"}
+    assert fleet.main(["--stack", "A=http://127.0.0.1:9"]) == 1          # unreachable: said, 1
