@@ -320,3 +320,22 @@ def test_no_stack_ever_ran_two_backends(fleet):
     assert fleet.sampler.samples > 50
     assert all(n <= 1 for n in fleet.sampler.max_running.values()), fleet.sampler.max_running
     assert max(fleet.sampler.max_running.values()) == 1                  # it did see backends
+
+
+def test_router_compose_file_is_valid(tmp_path):
+    """deploy/fleet/docker-compose.yaml parses (docker compose config) and mounts the
+    generated config beside the plugin; it refuses to start without a master key."""
+    import os
+    import subprocess
+    import yaml
+    compose = REPO / "deploy" / "fleet" / "docker-compose.yaml"
+    env = {**os.environ, "LITELLM_MASTER_KEY": "sk-x"}
+    out = subprocess.run(["docker", "compose", "-f", str(compose), "config"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    svc = yaml.safe_load(out.stdout)["services"]["router"]
+    assert svc["volumes"][0]["target"] == "/app/config.yaml"
+    env.pop("LITELLM_MASTER_KEY")
+    out = subprocess.run(["docker", "compose", "-f", str(compose), "config"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "LITELLM_MASTER_KEY" in out.stderr
