@@ -164,9 +164,11 @@ class StatusPoller:
 # ------------------------------------------------------------------ LiteLLM's hook
 
 def session_id(request_kwargs: dict | None) -> str | None:
-    """The agent's session id: Claude Code's `X-Claude-Code-Session-Id` header or
-    `metadata.user_id` (JSON with a session_id, or a plain string), Codex's session
-    header, `x-session-id`; LiteLLM's own `litellm_session_id` last."""
+    """The agent's session id: a session header (Claude Code's
+    `X-Claude-Code-Session-Id`, `x-session-id`, Codex's `session_id`), Claude Code's
+    `metadata.user_id` (JSON with a session_id, or a plain string), Codex's
+    `client_metadata.session_id` / `prompt_cache_key` (Responses body); LiteLLM's own
+    `litellm_session_id` last."""
     kw = request_kwargs or {}
     headers: dict = {}
     for bucket in (kw.get("proxy_server_request"), kw.get("metadata"), kw.get("litellm_metadata")):
@@ -189,6 +191,15 @@ def session_id(request_kwargs: dict | None) -> str | None:
             except ValueError:
                 pass
             return f"u:{uid}"
+    # Codex (Responses): client_metadata.session_id, else its prompt_cache_key (the same id)
+    for bucket in (kw, (kw.get("proxy_server_request") or {}).get("body")):
+        if not isinstance(bucket, dict):
+            continue
+        cm = bucket.get("client_metadata")
+        if isinstance(cm, dict) and cm.get("session_id"):
+            return f"c:{cm['session_id']}"
+        if isinstance(bucket.get("prompt_cache_key"), str) and bucket["prompt_cache_key"]:
+            return f"c:{bucket['prompt_cache_key']}"
     for bucket in (kw.get("metadata"), kw.get("litellm_metadata")):
         if isinstance(bucket, dict) and bucket.get("litellm_session_id"):
             return f"l:{bucket['litellm_session_id']}"

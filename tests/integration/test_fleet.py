@@ -160,7 +160,8 @@ def test_twenty_turns_of_one_session_stay_on_one_stack_with_no_swap(fleet):
     assert sum(loads(before, after).values()) == 1          # the first turn's load only
 
 
-@pytest.mark.parametrize("how", ["claude-header", "x-session-id", "metadata-user-id"])
+@pytest.mark.parametrize("how", ["claude-header", "x-session-id", "metadata-user-id",
+                                 "codex-client-metadata"])
 def test_a_session_stays_on_its_stack_over_a_resident_elsewhere(fleet, how):
     """Session affinity beats residency: a session that began on B stays on B after
     beta moved to A (B is up; its prompt cache is there)."""
@@ -174,6 +175,11 @@ def test_a_session_stays_on_its_stack_over_a_resident_elsewhere(fleet, how):
                 "x-api-key": KEY, "anthropic-version": "2023-06-01"}, json={
                 "model": "beta", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],
                 "metadata": {"user_id": json.dumps({"device_id": "d", "session_id": sid})}})
+        elif how == "codex-client-metadata":   # Codex's Responses body field
+            r = requests.post(fleet.url + "/v1/responses", timeout=120, headers={
+                "Authorization": f"Bearer {KEY}"}, json={
+                "model": "beta", "max_output_tokens": 2, "input": "hi",
+                "client_metadata": {"session_id": sid}})
         else:
             header = "X-Claude-Code-Session-Id" if how == "claude-header" else "x-session-id"
             r = chat(fleet.url, "beta", headers={header: sid})

@@ -73,6 +73,8 @@ def test_down_stacks_are_skipped_and_none_up_is_none():
         "user_id": json.dumps({"device_id": "d", "session_id": "cc-7"})}}}}, "s:cc-7"),
     ({"metadata": {"user_id": "user_abc"}}, "u:user_abc"),
     ({"metadata": {"litellm_session_id": "l9"}}, "l:l9"),
+    ({"proxy_server_request": {"body": {"client_metadata": {"session_id": "cx1"}}}}, "c:cx1"),
+    ({"prompt_cache_key": "cx2"}, "c:cx2"),
     ({}, None), (None, None),
 ])
 def test_session_id(kw, sid):
