@@ -186,8 +186,7 @@ class Driver:
             if error is not None:
                 self._dirty = True     # the runtime may not have removed what it made
                 self.metrics.load_done(spec.id, 0.0, ok=False)
-            self.scheduler.load_done(action.epoch, backend=backend, error=error,
-                                     seconds=None if error else self.last_load_seconds)
+            self.scheduler.load_done(action.epoch, backend=backend, error=error)
 
     def _restore(self, spec, backend: Backend, prepared_for: Action) -> Backend:
         """The healthy backend gets its saved slots back before anything is

@@ -125,6 +125,7 @@ class Scheduler:
         self.load_times = load_times or LoadTimes()
         self.last_swap_seconds: float | None = None   # a stop's start to the next ready
         self._swap_t0: tuple[float, str] | None = None  # (when, model) of the last stop
+        self._load_delay = 0.0                  # the running load's backoff, seconds
         # Downloads on first use (swapper/download.py). A model whose files are
         # missing (the driver says so: mark_missing) is downloaded when first
         # asked for; meanwhile its requests are parked: they wait in the queue
@@ -209,10 +210,9 @@ class Scheduler:
             action, self._action = self._action, None
             return action
 
-    def load_done(self, epoch: int, backend: Any = None, error: LoadFailed | None = None,
-                  seconds: float | None = None) -> None:
-        """The load of `epoch` ended: ready (`seconds`: how long the start took,
-        the driver's measure; else the time since `loading`), or failed."""
+    def load_done(self, epoch: int, backend: Any = None, error: LoadFailed | None = None) -> None:
+        """The load of `epoch` ended: ready (its time, from `loading` less a
+        backoff's wait, joins the model's load times), or failed."""
         with self._cv:
             if self.phase != LOADING or epoch != self.epoch:
                 return
@@ -230,8 +230,7 @@ class Scheduler:
             else:
                 self._backend = backend
                 self._last_error.pop(self.model, None)
-                self.load_times.add(self.model, self._clock() - self.since
-                                    if seconds is None else seconds)
+                self.load_times.add(self.model, self._clock() - self.since - self._load_delay)
                 if self._swap_t0 is not None and self._swap_t0[1] != self.model:
                     self.last_swap_seconds = round(self._clock() - self._swap_t0[0], 3)
                 self._swap_t0 = None
@@ -461,6 +460,7 @@ class Scheduler:
                 failures = self._failures.get(model, 0)
                 delay = 0.0 if not failures else min(
                     self.backoff_base * 2 ** (failures - 1), self.backoff_max)
+                self._load_delay = delay
                 self._post(Action("load", model, self.epoch, delay))
         # LOADING and STOPPING wait for the driver.
 

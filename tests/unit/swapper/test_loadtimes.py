@@ -114,18 +114,24 @@ def test_no_eta_before_a_first_load_then_in_events_status_and_comments():
     clock.now += 20                  # slower than ever: 0 left, never negative
     assert s.model_status("a")["eta_seconds"] == 0
     a = s.next_action(timeout=0)
-    s.load_done(a.epoch, backend="b-a", seconds=12.0)      # the driver's own measure
-    assert s.load_times.of("a") == [8.0, 12.0] and s.load_times.expected("a") == 10.0
+    s.load_done(a.epoch, backend="b-a")
+    assert s.load_times.of("a") == [8.0, 23.0] and s.load_times.expected("a") == 15.5
     assert s.snapshot()["expected_seconds"] is None        # not loading
     assert s.model_status("a") == {"value": "loaded"}
     s.release(t)
 
 
-def test_a_failed_load_is_not_remembered():
+def test_a_failed_load_is_not_remembered_nor_the_backoff_before_a_retry():
     s, clock, _ = make()
     s.submit("a")
     load(s, clock, 2.0, error=LoadFailed("boom"))
     assert s.load_times.of("a") == []
+    s.submit("a")
+    a = s.next_action(timeout=0)
+    assert a.delay == 1.0                          # backoff_base: waited before the start
+    clock.now += a.delay + 4.0
+    s.load_done(a.epoch, backend="b-a")
+    assert s.load_times.of("a") == [4.0]
 
 
 def test_last_swap_time_from_the_stop_to_the_next_ready():
