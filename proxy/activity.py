@@ -1,11 +1,15 @@
 """The proxy's recent requests, for the console (/ui) and scripts (/ui/activity).
 
 A bounded in-memory ring (RING_SIZE entries, the oldest dropped first) of what
-each model request was: when, which dialect and model, its status, time to first
-token, tokens in and out, tokens/s and search rounds. The app's before-request
+each model request was: when, which dialect and model, its status, queue wait,
+time to first token, tokens in and out, tokens/s and search rounds. The app's before-request
 hook opens a record (`begin`); the metrics hook, which follows the answer's body
 to its end anyway, fills it and hands it back (`record`); the search loop's
-round count arrives through `rounds` (the request's context). One ring per
+round count arrives through `rounds` (the request's context). The queue wait
+(seconds in the swapper's queue, a load or a swap before the backend got the
+request; summed over search rounds) is the swapper's word (common.queuewait): its
+X-Queue-Wait header, read where the proxy sends upstream (`note_wait`), or its
+`: queue-wait` comment in a stream that had to wait (`noting_waits`). One ring per
 worker process: with PROXY_WORKERS > 1 each worker shows its own requests.
 """
 from __future__ import annotations
@@ -15,6 +19,9 @@ import contextvars
 import itertools
 import threading
 import time
+from typing import Iterable, Iterator
+
+from common import queuewait
 
 RING_SIZE = 200
 
@@ -69,3 +76,27 @@ class Activity:
             out = [dict(r) for r in self._ring if r["seq"] > seq]
             newest = self._ring[-1]["seq"] if self._ring else 0
         return (out[-limit:] if limit > 0 else []), newest
+
+
+def note_wait(environ: dict | None, seconds: float | None) -> None:
+    """The swapper said the request waited `seconds` (None: it said nothing)."""
+    rec = environ.get(RECORD) if environ is not None and seconds is not None else None
+    if rec is not None:
+        rec["queue_wait"] = round(rec.get("queue_wait", 0.0) + seconds, 3)
+
+
+def noting_waits(pieces: Iterable[bytes], environ: dict | None) -> Iterator[bytes]:
+    """A streamed answer from the swapper as it comes; a queue-wait comment before
+    its first event's data is noted in the request's record (then the rest passes
+    untouched)."""
+    it = iter(pieces)
+    if environ is None or environ.get(RECORD) is None:
+        yield from it
+        return
+    for piece in it:
+        yield piece
+        if piece:
+            note_wait(environ, queuewait.from_piece(piece))
+            if b"data:" in piece:
+                break
+    yield from it

@@ -7,9 +7,10 @@ from flask import Blueprint, current_app, request
 
 from common import guard
 from common.failures import reason
-from common.streaming import forward_headers, relay
+from common.streaming import forward_headers, iter_upstream, relay
 
 from . import dialects
+from .activity import RECORD, noting_waits
 
 bp = Blueprint("proxy", __name__)
 
@@ -93,6 +94,10 @@ def passthrough(rest=None):
     r = parts()["upstream"].request(request.method, path, query=query,
                                     headers=forward_headers(request.headers),
                                     data=data or None, environ=request.environ)
+    if request.environ.get(RECORD) is not None and \
+            r.headers.get("content-type", "").startswith("text/event-stream"):
+        # A listed request's stream (/v1/completions): its queue wait noted.
+        return relay(r, body=noting_waits(iter_upstream(r), request.environ))
     return relay(r)
 
 

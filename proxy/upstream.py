@@ -14,11 +14,14 @@ from typing import Callable, Iterator
 
 import requests
 
+from common import queuewait
 from common.disconnect import ClientGone, call_watching_client, sent_once_more
 from common.errors import ApiError
 from common.failures import classify, failure, reason
 from common.http1 import Client
 from common.streaming import headers_now, iter_body
+
+from .activity import note_wait, noting_waits
 
 log = logging.getLogger("proxy.upstream")
 
@@ -70,7 +73,9 @@ class Upstream:
             return failure(cause, f"upstream {self.base_url} "
                                   f"{_WHAT.get(cause, 'failed')}: {reason(e)} ({url})")
 
-        return sent_once_more(send, environ, failed)
+        r = sent_once_more(send, environ, failed)
+        note_wait(environ, queuewait.from_header(r.headers.get(queuewait.HEADER)))
+        return r
 
 
 def watched(resp: requests.Response, environ: dict | None) -> Iterator[bytes]:
@@ -78,7 +83,12 @@ def watched(resp: requests.Response, environ: dict | None) -> Iterator[bytes]:
     watch the client (call_watching_client). A backend that sent its head is
     still prefilling then, and a gone client writes nothing that could fail:
     only the watch cuts the upstream. After the first byte every piece is
-    written to the client, and a write to a gone client ends the stream."""
+    written to the client, and a write to a gone client ends the stream. The
+    swapper's queue-wait comment is noted for the activity list (noting_waits)."""
+    return noting_waits(_watched(resp, environ), environ)
+
+
+def _watched(resp: requests.Response, environ: dict | None) -> Iterator[bytes]:
     it = iter_body(resp)
     if environ is not None:
         while True:

@@ -19,6 +19,7 @@ import logging
 import requests
 from flask import Response
 
+from common import queuewait
 from common.disconnect import ClientGone, sent_once_more
 from common.errors import ApiError, error_body
 from common.failures import classify, failure, message_of, reason, status_of
@@ -74,6 +75,7 @@ class Forwarder:
             yield comment(waiting_for(scheduler.snapshot(), lease.model))
             while not admission.wait(lease, environ, timeout=interval):
                 yield comment(waiting_for(scheduler.snapshot(), lease.model))
+            yield queuewait.comment(lease.ticket.wait_seconds or 0.0)
             lease, upstream = self.open(lease.model, method, path, query, headers, body,
                                         environ, lease=lease)
             answer = LeasedBody(lease, upstream)
@@ -184,4 +186,5 @@ def relay(lease: Lease, upstream: requests.Response) -> Relayed:
     """The upstream's answer, its status and headers as they came, its body as it comes."""
     headers = answer_headers(upstream)
     headers.update(NO_BUFFERING)
+    headers[queuewait.HEADER] = queuewait.header_value(lease.ticket.wait_seconds or 0.0)
     return Relayed(upstream.status_code, headers, LeasedBody(lease, upstream))

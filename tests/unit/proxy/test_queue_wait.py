@@ -1,0 +1,125 @@
+"""Each request's queue wait, from the swapper to the proxy's activity list: the
+real swapper in-process (its Docker runtime the fake one, a load held until the
+test lets it go), a scripted model behind it, the real proxy app in front. A
+stream that waited for the load hears `: queue-wait <s>` before the model's
+events; an answer relayed once admitted carries X-Queue-Wait; the proxy puts
+the seconds in the request's record (/ui/activity)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from common import queuewait
+from proxy.activity import RECORD, note_wait, noting_waits
+from proxy.app import create_app as proxy_app
+from proxy.settings import Settings as ProxySettings
+from swapper.app import create_app as swapper_app
+from swapper.settings import Settings as SwapperSettings
+from tests.support.chat import Reply, ScriptedChat
+from tests.support.fake_runtime import FakeRuntime
+from tests.support.servers import ServerThread, wait_until
+from tests.support.swapperproc import FIXTURE_BACKENDS
+
+ENV = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
+       "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
+       "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
+
+
+class GatedRuntime(FakeRuntime):
+    """Starts wait until the test opens the gate."""
+
+    def __init__(self, urls):
+        super().__init__(urls)
+        self.gate = threading.Event()
+
+    def start(self, spec, on_progress=None, prepared=None):
+        self.gate.wait(30)
+        return super().start(spec, on_progress, prepared)
+
+
+@pytest.fixture
+def stack():
+    with ScriptedChat() as model:
+        runtime = GatedRuntime({"tiny-a": model.url})
+        sw = swapper_app(SwapperSettings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=ENV,
+                                         WATCH_INTERVAL=0.05, KEEPALIVE_INTERVAL=0.05),
+                         runtime=runtime)
+        with ServerThread(sw) as swapper:
+            px = proxy_app(ProxySettings.from_env({}, BACKEND_URL=swapper.url, WEB_SEARCH=False,
+                                                  MODELS_TTL=0, KEEPALIVE_INTERVAL=0.05))
+            yield px.test_client(), sw.extensions["swapper"], runtime, model
+
+
+def records(client) -> list[dict]:
+    return client.get("/ui/activity").json["data"]
+
+
+def test_a_stream_that_waited_for_the_load_and_a_request_admitted_at_once(stack):
+    client, sw, runtime, model = stack
+    model.script(Reply(content="hello there"), Reply(content="again"))
+    got, pieces, waiting = {}, [], threading.Event()
+
+    def ask():
+        r = client.post("/v1/chat/completions", buffered=False, json={
+            "model": "tiny-a", "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]})
+        got["status"] = r.status_code
+        for piece in r.response:
+            pieces.append(piece)
+            if b": loading model tiny-a" in piece:
+                waiting.set()             # the swapper's waiting stream has begun
+        r.close()
+
+    t = threading.Thread(target=ask)
+    t.start()
+    assert waiting.wait(30), pieces
+    runtime.gate.set()                    # the load may end now
+    t.join(30)
+    assert got["status"] == 200
+    body = b"".join(pieces)
+    wait = queuewait.from_piece(body)
+    assert wait is not None and wait > 0
+    assert body.index(b": queue-wait ") < body.index(b"data: {")     # before the events
+    (rec,) = records(client)
+    assert rec["queue_wait"] == wait and rec["queue_wait"] <= rec["seconds"]
+    assert rec["status"] == 200 and rec["stream"] is True
+
+    # Loaded now: admitted at once, the wait in the relayed answer's header.
+    r = client.post("/v1/chat/completions", json={
+        "model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200
+    header = queuewait.from_header(r.headers.get("X-Queue-Wait"))
+    assert header is not None
+    r.close()                             # the record is made once the answer has gone
+    assert [x["queue_wait"] for x in records(client)] == [wait, header]
+
+
+def test_a_passed_through_request_has_its_wait_too(stack):
+    client, sw, runtime, model = stack
+    runtime.gate.set()
+    r = client.post("/v1/completions", json={"model": "tiny-a", "prompt": "hi"})
+    assert r.status_code == 200          # the scripted model echoes it
+    assert "X-Queue-Wait" in r.headers
+    r.close()
+    (rec,) = records(client)
+    assert rec["dialect"] == "completions"
+    assert rec["queue_wait"] == queuewait.from_header(r.headers["X-Queue-Wait"])
+
+
+def test_wait_pieces_parsed_summed_and_only_before_the_first_event():
+    assert queuewait.from_piece(b": keep-alive\n\n") is None
+    assert queuewait.from_piece(queuewait.comment(1.25)) == 1.25
+    assert queuewait.from_piece(b": loading x\r\n\r\n: queue-wait 0.5\r\n\r\n") == 0.5
+    assert queuewait.from_header("0.012") == 0.012
+    for bad in (None, "", "soon", "-1", "nan"):
+        assert queuewait.from_header(bad) is None
+    env = {RECORD: {}}
+    pieces = [b": loading\n\n", queuewait.comment(2.0) + b"data: {}\n\n",
+              queuewait.comment(9.0)]          # after the first event: the model's bytes
+    assert list(noting_waits(pieces, env)) == pieces
+    assert env[RECORD]["queue_wait"] == 2.0
+    note_wait(env, 0.5)                           # another search round's
+    note_wait(env, None)
+    assert env[RECORD]["queue_wait"] == 2.5
+    assert list(noting_waits(pieces, {})) == pieces    # not a listed request
