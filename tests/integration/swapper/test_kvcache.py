@@ -4,7 +4,14 @@ on tiny-a, a swap to tiny-b, back to tiny-a: the same prompt's answer shows the
 restored prefix reused (`timings.cache_n`), where a swapper without the cache
 reprocesses all of it; a truncated or corrupted file is never handed to the
 backend (this llama-server aborts on a truncated one) and the answer still comes."""
+import ctypes
 import json
+import os
+import select
+import signal
+import struct
+import subprocess
+import threading
 import time
 
 import pytest
@@ -113,3 +120,140 @@ def test_stopping_the_swapper_saves_the_resident_backends_cache(docker_client, t
     with SwapperProcess(KV_CACHE_DIR=str(tmp_path)) as sw:
         again = ask(sw, "tiny-a")["timings"]
     assert again["cache_n"] >= first["prompt_n"] - 8, again
+
+
+# ------------------------------------------------------------ two slots, kills, full disks
+OTHER = "Keep these numbers in mind. " + " ".join(
+    f"Box {i} holds {i * 11 % 17} {w}." for i, w in
+    enumerate(["apples", "nails", "coins", "shells", "stones", "beads"] * 8))
+
+
+def ask_slot(sw, model, content, slot):
+    """`content` answered by slot `slot` of the backend (llama-server's id_slot)."""
+    r = requests.post(sw.url + "/v1/chat/completions", timeout=300, json={
+        "model": model, "max_tokens": 4, "temperature": 0, "id_slot": slot,
+        "messages": [{"role": "user", "content": content}]})
+    assert r.status_code == 200, r.text[:500]
+    return r.json()["timings"]
+
+
+def test_two_slots_are_each_saved_and_each_restored(docker_client, tmp_path):
+    """tiny-a runs --parallel 2: a prompt in each slot, a swap, and back: both
+    slots saved (slot0, slot1), both restored into their own slot."""
+    with SwapperProcess(KV_CACHE_DIR=str(tmp_path)) as sw:
+        first = [ask_slot(sw, "tiny-a", PROMPT, 0), ask_slot(sw, "tiny-a", OTHER, 1)]
+        assert all(t["prompt_n"] > 300 for t in first), first
+        ask(sw, "tiny-b", "Hi.")
+        folder = tmp_path / "tiny-a"
+        saved = {json.loads(p.read_text())["slot"]: json.loads(p.read_text())
+                 for p in folder.glob("slot*.json")}
+        assert sorted(saved) == [0, 1]
+        assert sorted(p.name for p in folder.glob("slot*.bin")) == ["slot0.bin", "slot1.bin"]
+        for sid in (0, 1):
+            assert saved[sid]["tokens"] >= first[sid]["prompt_n"]
+        again = [ask_slot(sw, "tiny-a", PROMPT, 0), ask_slot(sw, "tiny-a", OTHER, 1)]
+        for before, after in zip(first, again):
+            assert after["cache_n"] >= before["prompt_n"] - 8, (before, after)
+            assert after["prompt_n"] <= 8
+        assert metric(sw, "swapper_kv_cache_tokens_total", model="tiny-a",
+                      direction="restored") >= sum(t["prompt_n"] for t in first)
+        requests.post(sw.url + "/unload", timeout=120)
+
+
+class Created:
+    """The names of files created in a folder, as inotify tells them (IN_CREATE)."""
+    IN_CREATE = 0x100
+
+    def __init__(self, folder):
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self._libc.inotify_init1(os.O_CLOEXEC)
+        assert self.fd >= 0, os.strerror(ctypes.get_errno())
+        assert self._libc.inotify_add_watch(self.fd, str(folder).encode(), self.IN_CREATE) >= 0
+
+    def next(self, timeout: float) -> list[str]:
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return []
+        data, names, at = os.read(self.fd, 65536), [], 0
+        while at < len(data):
+            _wd, _mask, _cookie, size = struct.unpack_from("iIII", data, at)
+            names.append(data[at + 16:at + 16 + size].rstrip(b"\0").decode())
+            at += 16 + size
+        return names
+
+    def close(self):
+        os.close(self.fd)
+
+
+def test_a_backend_killed_mid_save_leaves_nothing_that_is_restored(docker_client, tmp_path):
+    """The moment llama-server creates its save file (the save POST in flight,
+    before it could answer) its process is frozen, then its container killed:
+    the swap goes on, no slot file is kept from that save, the temporary file
+    is swept, and the way back restores nothing (a full prefill, a 200)."""
+    with SwapperProcess(KV_CACHE_DIR=str(tmp_path)) as sw:
+        first = ask(sw, "tiny-a")["timings"]
+        (container,) = stack_containers(docker_client, sw.stack, running_only=True)
+        pid = container.attrs["State"]["Pid"]           # llama-server: the container's init
+        folder = tmp_path / "tiny-a"
+        watch, seen = Created(folder), {}
+
+        def kill_on_create():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                names = [n for n in watch.next(1.0) if n.startswith("tmp-slot")]
+                if names:
+                    os.kill(pid, signal.SIGSTOP)       # mid-save: it cannot answer now
+                    seen["name"] = names[0]
+                    seen["bytes"] = (folder / names[0]).stat().st_size
+                    seen["kept"] = sorted(p.name for p in folder.glob("slot*"))
+                    container.kill()
+                    return
+
+        killer = threading.Thread(target=kill_on_create, daemon=True)
+        killer.start()
+        try:
+            ask(sw, "tiny-b", "Hi.")                    # the swap goes on
+        finally:
+            killer.join(130)
+            watch.close()
+        assert seen.get("name", "").startswith("tmp-slot"), seen
+        assert seen["kept"] == [], seen            # nothing renamed while the POST was open
+        assert list(folder.glob("slot*")) == []    # nor after: the save never completed
+        assert metric(sw, "swapper_kv_cache_failures_total", direction="save") >= 1
+        again = ask(sw, "tiny-a")["timings"]       # the way back: nothing to restore
+        assert again["cache_n"] == 0 and again["prompt_n"] >= first["prompt_n"] - 8, again
+        assert list(folder.glob("tmp-*")) == []    # swept before the restore
+        assert metric(sw, "swapper_kv_cache_bytes_total", model="tiny-a",
+                      direction="restored") == 0
+        requests.post(sw.url + "/unload", timeout=120)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 2 MB tmpfs (a slot of tiny-a's prompt is ~10 MB): a disk that fills mid-save."""
+    where = tmp_path / "full"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0777", "tmpfs", str(where)],
+                   check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_full_disk_during_a_save_does_not_block_the_swap(docker_client, tiny_disk):
+    with SwapperProcess(KV_CACHE_DIR=str(tiny_disk)) as sw:
+        first = ask(sw, "tiny-a")["timings"]
+        t0 = time.monotonic()
+        ask(sw, "tiny-b", "Hi.")                    # the swap: its save hits ENOSPC
+        swap_seconds = time.monotonic() - t0
+        folder = tiny_disk / "tiny-a"
+        assert list(folder.glob("slot*")) == [], list(folder.iterdir())
+        assert metric(sw, "swapper_kv_cache_failures_total", direction="save") >= 1
+        assert metric(sw, "swapper_kv_cache_bytes_total", model="tiny-a",
+                      direction="saved") == 0
+        again = ask(sw, "tiny-a")["timings"]        # back: a full prefill, and a 200
+        assert again["cache_n"] == 0 and again["prompt_n"] >= first["prompt_n"] - 8, again
+        assert list(folder.glob("tmp-*")) == []
+        requests.post(sw.url + "/unload", timeout=120)
+    print(f"swap with a full disk: {swap_seconds:.2f} s")
