@@ -166,8 +166,11 @@ function onEvent(ev) {
     case "state":
       if (ev.models) S.status = { ...ev.models };
       break;
-    case "load_started":
-      if (m) { S.status[m] = { value: "loading" }; delete S.progress[m]; S.loadT0[m] = Date.now(); }
+    case "load_started":      // expected_seconds: from this model's past loads
+      if (m) {
+        S.status[m] = { value: "loading", expected_seconds: ev.expected_seconds };
+        delete S.progress[m]; S.loadT0[m] = Date.now();
+      }
       break;
     case "ready":
       if (m) { S.status[m] = { value: "loaded" }; delete S.progress[m]; }
@@ -444,8 +447,10 @@ function statusText(id) {
   if (st.value === "loading") {
     const r = S.running;
     const elapsed = r && r.model === id && r.state === "loading" ? residentSince()
-      : S.loadT0[id] ? (Date.now() - S.loadT0[id]) / 1000 : (p && p.seconds);
+      : S.loadT0[id] ? (Date.now() - S.loadT0[id]) / 1000 : pick(p, ["seconds"]) ?? st.elapsed_seconds;
     detail = fmtSeconds(elapsed);
+    const expected = pick(st, ["expected_seconds"]) ?? pick(p, ["expected_seconds"]);
+    if (expected != null && elapsed != null) detail += " · ~" + fmtSeconds(Math.max(0, expected - elapsed)) + " left";
     if (p && p.detail) detail += " · " + p.detail;
   } else if (st.value === "downloading") {
     // The swapper's fields (scheduler.download_progress): done_bytes, total_bytes,
@@ -490,6 +495,7 @@ function renderResident() {
   $("r-inflight").textContent = r ? String(r.in_flight) + (r.slots ? " / " + r.slots + " slots" : "") : "–";
   $("r-queued").textContent = r ? String(r.queued) : "–";
   $("r-lastload").textContent = r && r.last_load_seconds != null ? fmtSeconds(r.last_load_seconds) : "–";
+  $("r-lastswap").textContent = r && r.last_swap_seconds != null ? fmtSeconds(r.last_swap_seconds) : "–";
   const downloads = Object.entries(S.status).filter(([, st]) => st.value === "downloading")
     .map(([id, st]) => id + " " + fmtBytes(st.done_bytes) + (st.total_bytes ? " / " + fmtBytes(st.total_bytes) : ""));
   $("r-downloads").textContent = downloads.length ? downloads.join(", ") : "none";
@@ -509,17 +515,27 @@ function renderActivity() {
   for (const e of shown) {
     const tr = el("tr");
     tr.dataset.seq = e.seq;
-    const num = (v) => (v == null ? "–" : String(v));
-    tr.append(el("td", null, new Date(e.time * 1000).toLocaleTimeString()),
-      el("td", "dialect", e.dialect + (e.stream ? " (stream)" : "")),
-      el("td", "model", e.model || "–"), el("td", "status", String(e.status)),
-      el("td", "num ttft", e.ttft == null ? "–" : fmtSeconds(e.ttft)),
-      el("td", "num tokens-in", num(e.prompt_tokens)), el("td", "num tokens-out", num(e.completion_tokens)),
-      el("td", "num tps", num(e.tokens_per_second)),
-      el("td", "num rounds", num(e.search_rounds)), el("td", "num", fmtSeconds(e.seconds)));
+    for (const [cls, text] of ACTIVITY_COLUMNS) tr.append(el("td", cls, text(e)));
     tbody.append(tr);
   }
 }
+
+// The activity table's cells (class, text), in the order of its header.
+const num = (v) => (v == null ? "–" : String(v));
+const secs = (v) => (v == null ? "–" : fmtSeconds(v));
+const ACTIVITY_COLUMNS = [
+  [null, (e) => new Date(e.time * 1000).toLocaleTimeString()],
+  ["dialect", (e) => e.dialect + (e.stream ? " (stream)" : "")],
+  ["model", (e) => e.model || "–"],
+  ["status", (e) => String(e.status)],
+  ["num wait", (e) => secs(e.queue_wait)],
+  ["num ttft", (e) => secs(e.ttft)],
+  ["num tokens-in", (e) => num(e.prompt_tokens)],
+  ["num tokens-out", (e) => num(e.completion_tokens)],
+  ["num tps", (e) => num(e.tokens_per_second)],
+  ["num rounds", (e) => num(e.search_rounds)],
+  ["num", (e) => fmtSeconds(e.seconds)],
+];
 
 const SVG = "http://www.w3.org/2000/svg";
 function renderChart() {

@@ -129,6 +129,8 @@ def test_models_load_activity_log_unload(page, proxy, swapper, tmp_path):
     rec = [d for d in data if d["dialect"] == "chat"][-1]
     assert rec["model"] == "tiny-a" and rec["status"] == 200 and rec["ttft"] > 0
     assert rec["prompt_tokens"] > 0 and rec["completion_tokens"] >= 1
+    assert rec["queue_wait"] >= 0                # it joined the load: the swapper said how long
+    assert first.locator(".wait").inner_text() != "–"
 
     # The log pane follows the backend: llama-server's own lines.
     page.wait_for_function(
@@ -217,6 +219,75 @@ def test_key_asked_nothing_shown_without_it(page, keyed_proxy, tmp_path):
     assert json.loads(page.evaluate("JSON.stringify(localStorage.getItem('coding-stack.api-key'))")) == KEY
 
 
+def stub(page, models: dict, events: str, running: dict, activity: list, logs: dict) -> None:
+    """The page's data calls answered from these (the page itself from the proxy)."""
+    def fulfil(route):
+        path = route.request.url.split("://", 1)[1].split("/", 1)[1]
+        if path.startswith("ui/activity"):
+            since = int(path.partition("since=")[2] or 0)
+            body = {"object": "list", "data": [e for e in activity if e["seq"] > since],
+                    "newest": activity[-1]["seq"] if activity else 0}
+            return route.fulfill(json=body)
+        if path.startswith("events"):
+            return route.fulfill(body=events, content_type="text/event-stream")
+        if path.startswith("v1/models"):
+            return route.fulfill(json=models)
+        if path.startswith("running"):
+            return route.fulfill(json=running)
+        for model, text in logs.items():
+            if path.startswith(f"logs/{model}/stream"):
+                return route.fulfill(body=text, content_type="text/plain")
+        return route.continue_()
+    page.route("**/*", fulfil)
+
+
+def sse_of(*events: dict) -> str:
+    return "".join("data: " + json.dumps(e) + "\n\n" for e in events)
+
+
+def test_load_eta_queue_wait_and_swap_time(page, proxy, tmp_path):
+    """From stubbed data calls: a load with past loads shows its ETA (the swapper's
+    expected_seconds, counted down by the page), a request's queue wait is in
+    its activity row, and the resident panel has the last load and swap times."""
+    models = {"object": "list", "data": [
+        {"id": "next", "aliases": [], "kind": "llamacpp", "gpus": [], "context_length": 4096,
+         "status": {"value": "loading", "elapsed_seconds": 2.0, "expected_seconds": 600.0,
+                    "eta_seconds": 598.0}},
+        {"id": "first", "aliases": [], "kind": "llamacpp", "gpus": [],
+         "context_length": 4096, "status": {"value": "unloaded"}}]}
+    events = sse_of({"event": "state", "time": 1.0, "model": "next", "state": "loading",
+                     "models": {m["id"]: m["status"] for m in models["data"]}},
+                    {"event": "load_started", "time": 1.0, "model": "next",
+                     "expected_seconds": 600.0, "eta_seconds": 600.0})
+    running = {"model": "next", "state": "loading", "since_seconds": 2.0, "in_flight": 0,
+               "queued": 1, "slots": 1, "last_load_seconds": 41.5, "last_swap_seconds": 44.2,
+               "expected_seconds": 600.0, "epoch": 2, "downloads": {}}
+    activity = [{"seq": 1, "time": 1_700_000_000, "dialect": "chat", "model": "first",
+                 "status": 200, "queue_wait": 42.7, "ttft": 0.2, "prompt_tokens": 9,
+                 "completion_tokens": 4, "tokens_per_second": 20.0, "seconds": 43.5,
+                 "stream": True},
+                {"seq": 2, "time": 1_700_000_050, "dialect": "messages", "model": "first",
+                 "status": 200, "ttft": 0.1, "prompt_tokens": 9, "completion_tokens": 4,
+                 "tokens_per_second": 20.0, "seconds": 0.5}]          # no wait said
+    stub(page, models, events, running, activity, {"next": "loading next\n"})
+    page.goto(proxy.url + "/ui")
+    wait_status(page, "next", "loading", timeout=10_000)
+    detail = page.locator('#models tr[data-model="next"] td.status .detail')
+    page.wait_for_function(
+        """() => /left/.test(document.querySelector(
+             '#models tr[data-model="next"] td.status .detail').textContent)""", timeout=10_000)
+    assert "~9 min" in detail.inner_text(), detail.inner_text()        # 600 s less ~2 s
+    page.wait_for_selector('#activity tbody tr[data-seq="1"]', timeout=10_000)
+    assert page.locator('#activity tr[data-seq="1"] .wait').inner_text() == "42.7 s"
+    assert page.locator('#activity tr[data-seq="2"] .wait').inner_text() == "–"
+    headers = page.eval_on_selector_all("#activity thead th", "ths => ths.map(t => t.textContent)")
+    cells = page.locator('#activity tr[data-seq="1"] td').count()
+    assert len(headers) == cells and headers[4] == "wait"
+    assert page.locator("#r-lastload").inner_text() == "41.5 s"
+    assert page.locator("#r-lastswap").inner_text() == "44.2 s"
+    page.screenshot(path=str(tmp_path / "loading-eta.png"), full_page=True)
+
+
 def test_downloading_failed_and_bounded_memory(page, proxy, tmp_path):
     """The page's side of states this stack makes rarely or slowly, from stubbed data
     calls (the real proxy serves the page): a download in progress in the swapper's
@@ -234,10 +305,9 @@ def test_downloading_failed_and_bounded_memory(page, proxy, tmp_path):
          "status": {"value": "failed", "failure": "the container exited: no such file"}},
         {"id": "small", "aliases": [], "kind": "llamacpp", "gpus": [],
          "context_length": 4096, "status": {"value": "loaded"}}]}
-    events = "".join("data: " + json.dumps(e) + "\n\n" for e in (
-        {"event": "state", "time": 1.0, "model": "small", "state": "ready",
-         "models": {m["id"]: m["status"] for m in models["data"]}},
-        {"event": "download_started", "time": 1.0, "model": "big"}, progress))
+    events = sse_of({"event": "state", "time": 1.0, "model": "small", "state": "ready",
+                     "models": {m["id"]: m["status"] for m in models["data"]}},
+                    {"event": "download_started", "time": 1.0, "model": "big"}, progress)
     running = {"model": "small", "state": "ready", "since_seconds": 5.0, "in_flight": 1,
                "queued": 3, "slots": 2, "last_load_seconds": 2.5, "epoch": 1,
                "downloads": {"big": progress}}
@@ -245,25 +315,7 @@ def test_downloading_failed_and_bounded_memory(page, proxy, tmp_path):
              "status": 200, "ttft": 0.1, "prompt_tokens": 10, "completion_tokens": 5,
              "tokens_per_second": 50.0, "seconds": 0.2} for i in range(1, 501)]
     log = "".join(f"line {i}\n" for i in range(3000))
-
-    def fulfil(route):
-        path = route.request.url.split("://", 1)[1].split("/", 1)[1]
-        if path.startswith("ui/activity"):
-            since = int(path.partition("since=")[2] or 0)
-            body = {"object": "list", "data": [e for e in many if e["seq"] > since],
-                    "newest": 500}
-            return route.fulfill(json=body)
-        if path.startswith("events"):
-            return route.fulfill(body=events, content_type="text/event-stream")
-        if path.startswith("v1/models"):
-            return route.fulfill(json=models)
-        if path.startswith("running"):
-            return route.fulfill(json=running)
-        if path.startswith("logs/small/stream"):
-            return route.fulfill(body=log, content_type="text/plain")
-        return route.continue_()
-
-    page.route("**/*", fulfil)
+    stub(page, models, events, running, many, {"small": log})
     page.goto(proxy.url + "/ui")
     wait_status(page, "big", "downloading", timeout=10_000)
     detail = page.locator('#models tr[data-model="big"] td.status .detail').inner_text()
