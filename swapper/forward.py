@@ -28,6 +28,7 @@ from common.sse import comment, emit, error_event
 from common.streaming import (NO_BUFFERING, Relayed, answer_headers, forward_headers,
                               iter_upstream)
 
+from .kvcache import ANSWER_TAIL
 from .lease import Admission, Lease, waiting_for
 from .settings import Settings
 
@@ -149,17 +150,32 @@ class LeasedBody:
         self.upstream = upstream
         self._started = False
         self._chunks = iter_upstream(upstream, on_close=self._ended, on_break=self._broke)
+        # The first answer after a restore: its tail tells what the restore bought.
+        kv = getattr(getattr(lease._admission, "driver", None), "kv", None)
+        self._kv = kv if upstream.status_code == 200 and kv is not None \
+            and kv.awaits_answer(lease.model) else None
+        self._tail = bytearray()
 
     def __iter__(self):
         return self
 
     def __next__(self) -> bytes:
         self._started = True
-        return next(self._chunks)
+        chunk = next(self._chunks)
+        if self._kv is not None:
+            self._tail += chunk
+            if len(self._tail) > 2 * ANSWER_TAIL:
+                del self._tail[:-ANSWER_TAIL]
+        return chunk
 
     def _ended(self, complete: bool) -> None:
         if complete:
             self.lease.finish(self.upstream.status_code)
+            if self._kv is not None:
+                try:
+                    self._kv.answered(self.lease.model, bytes(self._tail))
+                except Exception:         # a count must never fail an answer
+                    log.exception("reading the first answer after a restore failed")
         else:                          # the client went away mid-body
             self.lease.finish(status_of("client_gone"), "client_gone")
 

@@ -18,7 +18,10 @@ llama-server does the writing and the reading (`--slot-save-path DIR`, `POST
   size and sha256 are those saved: this llama-server ABORTS on a truncated file,
   so nothing unchecked is ever handed to it. A mismatch, a corrupt file or a
   restore the backend refuses discards the file;
-- the total is capped (KV_CACHE_MAX_GB): least recently used files go first.
+- the total is capped (KV_CACHE_MAX_GB): least recently used files go first;
+- what a restore bought is read off the first answer after it (`answered`: the
+  backend's `timings.cache_n` / `prompt_n`, else its usage's cached tokens), once
+  per restore: swapper_kv_cache_first_answer_tokens and a `reused` event.
 
 Nothing here may fail a stop or a load: every failure costs only the cache, is
 logged with its reason and counted (swapper_kv_cache_failures). Each direction
@@ -32,7 +35,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +50,7 @@ log = logging.getLogger("swapper.kvcache")
 CONTAINER_ROOT = "/kvcache"      # where backends see the cache folder
 CONNECT_SECONDS = 2.0
 HASH_CHUNK = 8 << 20             # bytes hashed between two yields (gevent: the hub runs)
+ANSWER_TAIL = 16 << 10           # bytes of the first answer after a restore read for its counts
 
 # Launch flags that shape the KV cache (or the file's meaning): a file saved
 # under other values is discarded. Short and long spellings of llama-server.
@@ -145,6 +151,9 @@ class KvCache:
         self._pause = pause                      # time.sleep(0): a gevent yield
         self._http = requests.Session()
         self._http.trust_env = False
+        # model -> tokens restored, until the first answer after that restore
+        self._awaiting: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     @property
     def root(self) -> Path:
@@ -190,6 +199,8 @@ class KvCache:
         budget = self.settings.KV_CACHE_SAVE_TIMEOUT
         if not self.enabled(spec) or budget <= 0:
             return out
+        with self._lock:
+            self._awaiting.pop(spec.id, None)    # its restore had no answer: none counts
         t0 = self._clock()
         deadline = t0 + budget
         folder = self.folder(spec.id)
@@ -312,7 +323,36 @@ class KvCache:
                 if reason != "timeout":
                     self._discard(sidecar, final)
                 self._fail(out, "restore", spec.id, reason, f"slot {sid} not restored: {e}")
+        if out.slots and not out.died:
+            with self._lock:
+                self._awaiting[spec.id] = out.tokens
         return self._ended(spec, "restored", "restoring", out, t0, tidy=self._disk)
+
+    # ------------------------------------------- what the restore bought
+    def awaits_answer(self, model: str) -> bool:
+        """Was `model` restored and has no answer been read since? (The
+        forwarder then keeps the tail of the next answer for `answered`.)"""
+        return model in self._awaiting
+
+    def answered(self, model: str, tail: bytes) -> tuple[int, int] | None:
+        """The first complete answer after a restore of `model` (its last
+        bytes): the prompt tokens the backend reused and processed, counted
+        once per restore (a later answer, or one without the counts, counts
+        nothing). Returns (reused, processed) when it counted."""
+        counts = prompt_counts(tail)
+        if counts is None:
+            return None
+        with self._lock:
+            restored = self._awaiting.pop(model, None)
+        if restored is None:
+            return None
+        reused, processed = counts
+        self.metrics.kv_first_answer(model, reused, processed)
+        log.info("model %s: the first answer after its restore (%d tokens) reused %d prompt "
+                 "tokens and processed %d", model, restored, reused, processed)
+        self._emit("reused", model=model, restored=restored, reused=reused,
+                   processed=processed)
+        return counts
 
     def _ended(self, spec, direction: str, event: str, out: "Outcome", t0: float,
                tidy: Callable[[], object]) -> "Outcome":
@@ -440,6 +480,34 @@ def _reason(e: Exception) -> str:
     if isinstance(e, OSError):
         return "disk"
     return "refused"
+
+
+_TIMINGS = re.compile(rb'"cache_n"\s*:\s*(\d+)|"prompt_n"\s*:\s*(\d+)')
+_USAGE = re.compile(rb'"(prompt_tokens|input_tokens|cached_tokens|cache_read_input_tokens)"'
+                    rb'\s*:\s*(\d+)')
+
+
+def prompt_counts(tail: bytes) -> tuple[int, int] | None:
+    """(reused, processed) prompt tokens from the end of a llama-server answer,
+    streamed or not: its `timings` (cache_n, prompt_n; the last ones given),
+    else its usage (OpenAI: prompt_tokens with cached_tokens among them;
+    Anthropic: input_tokens beside cache_read_input_tokens). None: neither."""
+    cache_n = prompt_n = None
+    for m in _TIMINGS.finditer(tail):
+        if m.group(1) is not None:
+            cache_n = int(m.group(1))
+        else:
+            prompt_n = int(m.group(2))
+    if cache_n is not None and prompt_n is not None:
+        return cache_n, prompt_n
+    usage = {m.group(1).decode(): int(m.group(2)) for m in _USAGE.finditer(tail)}
+    if "cache_read_input_tokens" in usage and "input_tokens" in usage:
+        return usage["cache_read_input_tokens"], usage["input_tokens"]
+    if "cached_tokens" in usage:
+        total = usage.get("prompt_tokens", usage.get("input_tokens"))
+        if total is not None:
+            return usage["cached_tokens"], max(total - usage["cached_tokens"], 0)
+    return None
 
 
 def _write_json(path: Path, data: dict) -> None:

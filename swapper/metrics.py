@@ -74,6 +74,11 @@ class SwapperMetrics:
             "swapper_kv_cache_failures", "Slot saves and restores that did not happen, by "
             "direction and reason (timeout, refused, unreachable, incomplete, disk, "
             "mismatch, corrupt, crashed).", ("direction", "reason"), registry=r)
+        self._kv_first = Counter(
+            "swapper_kv_cache_first_answer_tokens", "Prompt tokens of the first answer after "
+            "each restore, by model and prompt (reused: taken from the cache, as "
+            "llama-server's timings.cache_n says; processed: prefilled, prompt_n).",
+            ("model", "prompt"), registry=r)
         self._kv_disk = Gauge(
             "swapper_kv_cache_disk_bytes", "Bytes of saved slot state on disk (all models).",
             registry=r)
@@ -140,6 +145,11 @@ class SwapperMetrics:
     def kv_failed(self, direction: str, reason: str) -> None:
         """A slot's save or restore did not happen (the stop or the load went on)."""
         self._kv_failures.labels(direction, reason).inc()
+
+    def kv_first_answer(self, model: str, reused: int, processed: int) -> None:
+        """The first answer after a restore of `model` reused and processed these."""
+        self._kv_first.labels(model, "reused").inc(reused)
+        self._kv_first.labels(model, "processed").inc(processed)
 
     def kv_disk(self, nbytes: int) -> None:
         self._kv_disk.set(nbytes)

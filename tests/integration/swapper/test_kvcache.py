@@ -257,3 +257,37 @@ def test_a_full_disk_during_a_save_does_not_block_the_swap(docker_client, tiny_d
         assert list(folder.glob("tmp-*")) == []
         requests.post(sw.url + "/unload", timeout=120)
     print(f"swap with a full disk: {swap_seconds:.2f} s")
+
+
+def test_the_first_answer_after_a_restore_tells_the_tokens_it_reused(docker_client, tmp_path):
+    """Streamed, through the real swapper: the first answer after the restore is
+    read for llama-server's timings (cache_n / prompt_n), counted once in
+    swapper_kv_cache_first_answer_tokens and told in a `reused` event."""
+    def counted(sw, prompt):
+        return metric(sw, "swapper_kv_cache_first_answer_tokens_total", model="tiny-a",
+                      prompt=prompt)
+
+    with SwapperProcess(KV_CACHE_DIR=str(tmp_path)) as sw:
+        events = requests.get(sw.url + "/events", stream=True, timeout=300)
+        first = ask(sw, "tiny-a")["timings"]
+        ask(sw, "tiny-b", "Hi.")
+        r = requests.post(sw.url + "/v1/chat/completions", timeout=300, stream=True, json={
+            "model": "tiny-a", "max_tokens": 4, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": PROMPT}]})
+        lines = [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True)
+                 if line.startswith("data: {")]
+        timings = [e["timings"] for e in lines if "timings" in e][-1]
+        assert timings["cache_n"] >= first["prompt_n"] - 8, timings
+        assert counted(sw, "reused") == timings["cache_n"]
+        assert counted(sw, "processed") == timings["prompt_n"]
+        ask(sw, "tiny-a")                            # a second answer counts nothing more
+        assert counted(sw, "reused") == timings["cache_n"]
+        seen = None
+        for line in events.iter_lines(decode_unicode=True):
+            if line.startswith("data: {") and '"event": "reused"' in line.replace('":"', '": "'):
+                seen = json.loads(line[6:])
+                break
+        events.close()
+        assert seen["model"] == "tiny-a" and seen["reused"] == timings["cache_n"], seen
+        assert seen["processed"] == timings["prompt_n"] and seen["restored"] >= first["prompt_n"]
+        requests.post(sw.url + "/unload", timeout=120)

@@ -354,3 +354,56 @@ def test_the_backend_gets_its_folder_and_the_save_path(tmp_path):
     assert args["volumes"][-1] == "/srv/stack/kv/a:/kvcache/a"
     off = DockerRuntime(Settings(), SimpleNamespace(models={}))._create_args(spec("a"), "n")
     assert "--slot-save-path" not in off["command"]
+
+
+# ------------------------------------------- the first answer after a restore
+@pytest.mark.parametrize("tail, counts", [
+    # llama-server's chat completion, not streamed: usage, then timings
+    (b'{"usage":{"prompt_tokens":440,"prompt_tokens_details":{"cached_tokens":439}},'
+     b'"timings":{"cache_n":439,"prompt_n":1,"prompt_ms":9.1}}', (439, 1)),
+    # its stream: the last data event carries the timings, then [DONE]
+    (b'data: {"choices":[{"delta":{"content":"x"}}],"timings":{"cache_n":12,"prompt_n":3}}'
+     b'\n\ndata: {"choices":[],"timings":{"cache_n":430,"prompt_n":2,"predicted_n":4}}'
+     b'\n\ndata: [DONE]\n\n', (430, 2)),
+    # no timings: OpenAI usage (cached among prompt_tokens)
+    (b'{"usage":{"prompt_tokens":100,"prompt_tokens_details":{"cached_tokens":90}}}', (90, 10)),
+    # Anthropic usage (input_tokens beside the cache's)
+    (b'{"usage":{"input_tokens":5,"cache_read_input_tokens":95,"output_tokens":4}}', (95, 5)),
+    (b'{"choices":[]}', None),
+    (b'', None),
+])
+def test_prompt_counts_are_read_off_the_answers_end(tail, counts):
+    assert kvcache.prompt_counts(tail) == counts
+
+
+def test_the_first_answer_after_a_restore_is_counted_once(w):
+    serve(w, "a", {0: 30, 1: 40})
+    serve(w, "b", {0: 5})
+    assert not w.driver.kv.awaits_answer("b")          # b was never restored
+    fresh(w.servers["a"])
+    t = w.sched.submit("a")
+    turn(w, 3)
+    assert t.state == "admitted"
+    kv = w.driver.kv
+    assert kv.awaits_answer("a")
+    assert kv.answered("a", b'{"choices":[]}') is None         # no counts: still waiting
+    assert kv.answered("a", b'{"timings":{"cache_n":29,"prompt_n":3}}') == (29, 3)
+    assert not kv.awaits_answer("a")
+    assert kv.answered("a", b'{"timings":{"cache_n":1,"prompt_n":50}}') is None
+    assert sample(w.metrics.collectors, "swapper_kv_cache_first_answer_tokens_total",
+                  model="a", prompt="reused") == 29
+    assert sample(w.metrics.collectors, "swapper_kv_cache_first_answer_tokens_total",
+                  model="a", prompt="processed") == 3
+    (reused,) = [f for e, f in w.events if e == "reused"]
+    assert reused == {"model": "a", "restored": 70, "reused": 29, "processed": 3}
+
+
+def test_a_restore_nobody_asked_for_counts_nothing(w):
+    serve(w, "a", {0: 30})
+    serve(w, "b", {0: 5})
+    fresh(w.servers["a"])
+    serve(w, "a", {})                      # restored, then swapped out before any answer
+    assert w.driver.kv.awaits_answer("a")
+    serve(w, "b", {})
+    assert not w.driver.kv.awaits_answer("a")
+    assert w.driver.kv.answered("a", b'{"timings":{"cache_n":1,"prompt_n":2}}') is None
