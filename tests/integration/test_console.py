@@ -6,7 +6,9 @@ A screenshot of each state goes to the test's tmp_path."""
 from __future__ import annotations
 
 import json
+import os
 import threading
+from pathlib import Path
 
 import pytest
 import requests
@@ -339,3 +341,81 @@ def test_downloading_failed_and_bounded_memory(page, proxy, tmp_path):
     assert rows == 50 and log_lines <= 1000, (rows, log_lines)
     assert page.evaluate("() => S.activity.length") == 200          # as the proxy's ring
     assert page.locator("#activity tbody tr").first.get_attribute("data-seq") == "500"
+
+
+def test_download_on_first_use_in_the_page(page, tmp_path):
+    """A model whose files are absent (a fresh MODELS_DIR), its GGUF served by a
+    stand-in Hub over HF_ENDPOINT (the Hub's resolve/HEAD protocol, Range GETs):
+    the real swapper downloads it for a streamed request through the real proxy;
+    the request hears the progress comments, the page shows `downloading` with
+    its bytes, then `loaded`, the request gets its 200 and its queue wait. The
+    next load of it shows an ETA from that load's time."""
+    import docker
+
+    from tests.support.fake_runtime import FakeHub
+
+    gguf = Path(os.environ["TESTBED_MODELS_DIR"]) / os.environ["TESTBED_MODEL_FILE"]
+    models = tmp_path / "models"
+    models.mkdir()
+    models.chmod(0o755)
+    tmp_path.chmod(0o755)
+    manifest = tmp_path / "models.toml"
+    manifest.write_text(f'[tiny-a]\nsource = "hf"\nrepo = "org/SmolLM2-GGUF"\n'
+                        f'files = [ {{ local = "{gguf.name}", remote = "{gguf.name}" }} ]\n')
+    client = docker.from_env()
+    with FakeHub({f"org/SmolLM2-GGUF/{gguf.name}": gguf}, rate=20e6) as hub, \
+            SwapperProcess(TESTBED_MODELS_DIR=str(models), MODELS_DIR=str(models),
+                           MODELS_MANIFEST=str(manifest), HF_ENDPOINT=hub.url,
+                           KEEPALIVE_INTERVAL="0.5") as sw, \
+            ProxyProcess(BACKEND_URL=sw.url, WEB_SEARCH="0") as px:
+        page.goto(px.url + "/ui")
+        page.wait_for_selector('#models tr[data-model="tiny-a"]', timeout=10_000)
+        page.wait_for_function("() => document.getElementById('conn').textContent === 'live'",
+                               timeout=10_000)
+        assert status_of(page, "tiny-a") == "unloaded"
+        answer = {}
+
+        def chat():
+            r = requests.post(px.url + "/v1/chat/completions", stream=True, timeout=300, json={
+                "model": "tiny-a", "stream": True, "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}]})
+            answer["status"], answer["body"] = r.status_code, r.content.decode()
+
+        t = threading.Thread(target=chat)
+        t.start()
+        wait_status(page, "tiny-a", "downloading", timeout=30_000)
+        page.wait_for_function(          # bytes counting, of the Hub's size, at a rate
+            """() => /\\/ 98\\.4 MB · .+\\/s/.test(document.querySelector(
+                 '#models tr[data-model="tiny-a"] td.status .detail').textContent)""",
+            timeout=30_000)
+        assert page.locator('#models tr[data-model="tiny-a"] .bar').count() == 1
+        assert "tiny-a" in page.locator("#r-downloads").inner_text()
+        page.screenshot(path=str(tmp_path / "1-downloading.png"), full_page=True)
+        wait_status(page, "tiny-a", "loaded", timeout=WAIT_MS * 2)
+        t.join(300)
+        assert answer.get("status") == 200, answer
+        body = answer["body"]
+        assert ": downloading tiny-a: " in body and "/ 98.4 MB" in body, body[:2000]
+        assert "data: [DONE]" in body and '"error"' not in body, body[-2000:]
+        assert (models / gguf.name).stat().st_size == gguf.stat().st_size
+        assert len([q for q in hub.requests if q[0] == "GET"]) == 1
+        page.wait_for_selector("#activity tbody tr", timeout=15_000)
+        rec = requests.get(px.url + "/ui/activity", timeout=10).json()["data"][-1]
+        assert rec["status"] == 200 and rec["queue_wait"] > 0, rec   # it waited for the download
+        assert page.locator("#activity tbody tr").first.locator(".wait").inner_text() != "–"
+        page.screenshot(path=str(tmp_path / "2-downloaded-loaded.png"), full_page=True)
+
+        # Loaded once: its next load has an ETA, from the page and in /events.
+        row = page.locator('#models tr[data-model="tiny-a"]')
+        row.locator("button.unload").click()
+        wait_status(page, "tiny-a", "unloaded")
+        seen = []
+        page.expose_function("seenDetail", lambda text: seen.append(text))
+        page.evaluate("""() => new MutationObserver(() => seenDetail(document.querySelector(
+            '#models tr[data-model="tiny-a"] td.status .detail').textContent)).observe(
+            document.getElementById('models'), {subtree: true, characterData: true, childList: true})""")
+        row.locator("button.load").click()
+        wait_status(page, "tiny-a", "loaded")
+        assert any("left" in s for s in seen), seen
+        assert page.locator("#r-lastload").inner_text() != "–"
+    assert stack_containers(client, sw.stack) == []
