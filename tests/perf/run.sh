@@ -9,6 +9,10 @@
 #                                           Claude Code / Codex turns, direct vs the
 #                                           stack: prompt-cache reuse and TTFT
 #                                           (tests/perf/agents.py; ~20 min on 2 cores)
+#   tests/perf/run.sh kvswap [--sizes 8000,24000 --repeats 3]
+#                                           the turn after a swap-back: never swapped,
+#                                           restored, no restore (tests/perf/kvswap.py;
+#                                           ~20 min on 2 cores)
 #
 # Needs the test bed (tests/testbed/setup.sh: Docker engine, llama-server image,
 # SmolLM2). LiteLLM and py-spy go in their own venv under the cache dir, so they
@@ -34,6 +38,10 @@ py="${PERF_PYTHON:-$repo/.venv/bin/python}"
 if [ "${1:-}" = "agents" ]; then
   shift
   exec "$py" -m tests.perf.agents "$@"
+fi
+if [ "${1:-}" = "kvswap" ]; then
+  shift
+  exec "$py" -m tests.perf.kvswap "$@"
 fi
 
 # LiteLLM 1.108.7 (the proxy extra) and py-spy 0.4.3, pinned, in a venv of their own.
