@@ -214,6 +214,19 @@ def wanted_api(request_kwargs: dict | None) -> str:
     return "anthropic" if path.endswith("/messages") else "openai"
 
 
+def tried_deployments(request_kwargs: dict | None) -> set[str]:
+    """Deployment ids that already failed this request (LiteLLM's retry breadcrumbs,
+    `metadata.previous_models`)."""
+    out = set()
+    kw = request_kwargs or {}
+    for bucket in (kw.get("metadata"), kw.get("litellm_metadata")):
+        if isinstance(bucket, dict):
+            for rec in bucket.get("previous_models") or []:
+                if isinstance(rec, dict) and rec.get("deployment_id"):
+                    out.add(rec["deployment_id"])
+    return out
+
+
 class FleetRouter(CustomLogger):
     """Narrows a model group to the deployment on the chosen stack."""
 
@@ -260,6 +273,13 @@ class FleetRouter(CustomLogger):
         by_stack: dict[str, dict] = {}
         for d in fitting:
             by_stack.setdefault(d["model_info"]["fleet_stack"], d)
+        # A retry (LiteLLM's num_retries) goes to another stack than the ones that just
+        # failed this request -- e.g. a 503 "queue full": busy beyond its queue.
+        failed = tried_deployments(request_kwargs)
+        failed_stacks = {d["model_info"]["fleet_stack"] for d in ours
+                         if d["model_info"].get("id") in failed}
+        if failed_stacks and set(by_stack) - failed_stacks:
+            by_stack = {s: d for s, d in by_stack.items() if s not in failed_stacks}
         model_id = fitting[0]["model_info"].get("fleet_model") or model
         sid = session_id(request_kwargs)
         chosen = choose(model_id, list(by_stack), poller.status,

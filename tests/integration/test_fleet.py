@@ -43,7 +43,9 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet():
     f = Fleet()
-    with SwapperProcess(backends_dir=A_DIR) as sa, SwapperProcess(backends_dir=B_DIR) as sb, \
+    # B's MAX_QUEUE=1: it is "busy beyond its queue" (503 + Retry-After) at 2 slots + 1
+    with SwapperProcess(backends_dir=A_DIR) as sa, \
+            SwapperProcess(backends_dir=B_DIR, MAX_QUEUE=1) as sb, \
             ProxyProcess(BACKEND_URL=sa.url, WEB_SEARCH=0, SYSTEM_PROMPT="") as pa, \
             ProxyProcess(BACKEND_URL=sb.url, WEB_SEARCH=0, SYSTEM_PROMPT="") as pb, \
             ScriptedDialects() as model_c, searching(model_c.url, True) as (c_url, _):
@@ -191,6 +193,33 @@ def test_a_session_stays_on_its_stack_over_a_resident_elsewhere(fleet, how):
     load(fleet.pa.url, "beta")
     assert ok_from(fleet, "beta") == "A"       # no session: where it is resident
     assert turn() == "B"                       # the session: where it was
+
+
+def test_beta_overflows_to_the_other_stack_only_beyond_its_queue(fleet):
+    """Beta resident on B (2 slots, queue 1): 3 at once all stay on B; 8 at once
+    overflow -- B answers 503 to those beyond its queue, LiteLLM retries them and the
+    plugin sends the retry to the other stack (A, which loads beta) -- none fails."""
+    unload_all(fleet)
+    load(fleet.pb.url, "beta")
+
+    def burst(n: int) -> list:
+        out: list = []
+
+        def one():
+            r = chat(fleet.url, "beta", max_tokens=48, timeout=120)
+            out.append((r.status_code, served_by(r, fleet.stacks)))
+        ts = [threading.Thread(target=one) for _ in range(n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        return out
+
+    assert burst(3) == [(200, "B")] * 3
+    got = burst(8)
+    assert all(code == 200 for code, _ in got), got
+    assert {s for _, s in got} == {"A", "B"}, got
+    time.sleep(5.5)                          # B's cooldown (5 s) ends before the next test
 
 
 def test_health_traffic_starts_no_load(fleet):

@@ -161,6 +161,19 @@ def test_filter_narrows_to_one_deployment_of_the_right_dialect():
     assert r.pick("x", other, chat) == other               # not ours: untouched
 
 
+def test_a_retry_goes_to_another_stack_than_the_one_that_failed():
+    r = routing.FleetRouter()
+    r.poller = FakePoller({"A": st(None), "B": st("beta", beta="loaded")})
+    ds = deployments(("A", "openai", "beta"), ("B", "openai", "beta"))
+    kw = {"proxy_server_request": {"url": "http://r/v1/chat/completions"}}
+    assert [d["model_info"]["id"] for d in r.pick("beta", ds, kw)] == ["B:openai:beta"]
+    kw["metadata"] = {"previous_models": [{"deployment_id": "B:openai:beta",
+                                           "exception_type": "ServiceUnavailableError"}]}
+    assert [d["model_info"]["id"] for d in r.pick("beta", ds, kw)] == ["A:openai:beta"]
+    kw["metadata"]["previous_models"].append({"deployment_id": "A:openai:beta"})
+    assert len(r.pick("beta", ds, kw)) == 1                 # all tried: still a choice
+
+
 def test_sessions_are_bounded():
     r = routing.FleetRouter(sessions=3)
     for i in range(5):
