@@ -209,3 +209,41 @@ def test_search_streams_pass_the_progress_on(stack, path, body):
     assert r.status_code == 200, data
     assert data.startswith(b": ") and b"loading model slow-start" in data, data[:300]
     assert b"Slow " in data and b"sure." in data
+
+
+def test_a_load_done_before_gives_the_next_one_an_eta_and_requests_their_wait(stack):
+    """Past loads make an ETA (the real engine, slow-start's ~4 s): the next load's
+    `load_started` event and the waiting stream's comments carry it; the stream's
+    last comment is its queue wait, which the proxy's activity list shows."""
+    from common import queuewait
+    sw, px = stack
+    assert requests.post(sw.url + "/load/slow-start", timeout=120).status_code == 200
+    assert running(sw)["last_load_seconds"] > 0
+    requests.post(sw.url + "/unload", timeout=120)
+    events, stream = [], requests.get(sw.url + "/events", stream=True, timeout=120)
+
+    def follow():
+        try:
+            for line in stream.iter_lines():
+                if line.startswith(b"data: "):
+                    events.append(json.loads(line[6:]))
+        except (requests.RequestException, AttributeError, ValueError):
+            pass                                  # closed at the end
+    import threading
+    threading.Thread(target=follow, daemon=True).start()
+    wait_for(lambda: events, 10, "the first event")
+    r = requests.post(px.url + "/v1/chat/completions", stream=True, timeout=120, json={
+        "model": "slow-start", "stream": True, "messages": [{"role": "user", "content": "Hi"}]})
+    body = r.content
+    stream.close()
+    assert r.status_code == 200
+    loading = [c for c in body.split(b"\n") if c.startswith(b": loading model slow-start")]
+    assert loading and all(c.endswith(b" s left") for c in loading), loading
+    wait = queuewait.from_piece(body)
+    assert wait is not None and wait > 0
+    assert body.index(b": queue-wait ") < body.index(b"data: ")
+    started = [e for e in events if e["event"] == "load_started" and e["model"] == "slow-start"]
+    assert started and started[-1]["expected_seconds"] > 0, events
+    rec = [x for x in requests.get(px.url + "/ui/activity", timeout=10).json()["data"]
+           if x.get("model") == "slow-start"][-1]
+    assert rec["queue_wait"] == wait
