@@ -374,3 +374,35 @@ def test_router_compose_file_is_valid(tmp_path):
     out = subprocess.run(["docker", "compose", "-f", str(compose), "config"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "LITELLM_MASTER_KEY" in out.stderr
+
+
+# ------------------------------------------------------------------ the agents, headless
+
+URL0 = "https://example.com/flask-3-1-changelog/0"
+
+
+def test_claude_code_through_the_router_searches_on_the_stack(fleet, tmp_path):
+    """Claude Code (headless) with ANTHROPIC_BASE_URL at the router: its WebSearch
+    (web_search_20250305) is run by stack C against SearXNG, the result blocks come
+    back through LiteLLM, and the answer is built on the first result."""
+    from tests.integration.proxy.test_agents import cli, run
+    fleet.model_c.requests.clear()
+    p = run([cli("claude"), "-p", "Search the web: what changed in Flask 3.1?",
+             "--max-turns", "4", "--allowedTools", "WebSearch"], tmp_path, {
+        "ANTHROPIC_BASE_URL": fleet.url, "ANTHROPIC_AUTH_TOKEN": KEY,
+        "ANTHROPIC_MODEL": "scripted-model", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "scripted-model",
+        "ANTHROPIC_SMALL_FAST_MODEL": "scripted-model",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"})
+    assert f"ANSWER: the changelog is at {URL0}" in p.stdout, p.stdout + p.stderr
+    assert any(URL0 in json.dumps(b.get("messages")) for b in fleet.model_c.requests)
+
+
+def test_codex_through_the_router_searches_on_the_stack(fleet, tmp_path):
+    """Codex (headless, Responses) with its provider's base_url at the router: the
+    stack runs its web_search; the answer names the first result."""
+    from tests.integration.proxy.test_agents import cli, codex_home, run
+    home = codex_home(tmp_path, fleet.url, 'web_search = "live"')
+    p = run([cli("codex"), "exec", "--skip-git-repo-check",
+             "Search the web: what changed in Flask 3.1?"], tmp_path,
+            {"CODEX_HOME": home, "LOCAL_KEY": KEY})
+    assert f"ANSWER: the changelog is at {URL0}" in p.stdout, p.stdout + p.stderr
