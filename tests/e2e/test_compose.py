@@ -1,5 +1,6 @@
 """The product as a user runs it: `docker compose up -d`, then the OpenAI SDK
 against :11433, then `docker compose down` leaving nothing behind."""
+import contextlib
 import os
 import subprocess
 import uuid
@@ -20,8 +21,10 @@ class Compose:
     """Runs `docker compose -f <repo>/docker-compose.yaml ...` from ANOTHER folder (cwd),
     as a user may: nothing may depend on the caller's folder."""
 
-    def __init__(self, cwd: Path):
+    def __init__(self, cwd: Path, *overrides: Path):
         self.cwd = cwd
+        self.files = [REPO / "docker-compose.yaml", REPO / "tests/e2e/compose.test.yaml",
+                      *overrides]
         self.stack = f"cse2e-{uuid.uuid4().hex[:6]}"
         self.proxy_port = free_port()
         self.backend_port = free_port()
@@ -37,8 +40,7 @@ class Compose:
         self.env.pop("HOST_DIR", None)
 
     def __call__(self, *args, check=True, timeout=900):
-        cmd = ["docker", "compose", "-f", str(REPO / "docker-compose.yaml"), "-f",
-               str(REPO / "tests/e2e/compose.test.yaml"), *args]
+        cmd = ["docker", "compose", *[a for f in self.files for a in ("-f", str(f))], *args]
         p = subprocess.run(cmd, cwd=self.cwd, env=self.env, capture_output=True, text=True,
                            timeout=timeout)
         if check and p.returncode != 0:
@@ -76,7 +78,13 @@ def test_env_example_parses_as_documented():
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    compose = Compose(tmp_path_factory.mktemp("elsewhere"))
+    with up(Compose(tmp_path_factory.mktemp("elsewhere"))) as compose:
+        yield compose
+
+
+@contextlib.contextmanager
+def up(compose: Compose):
+    """The stack built and up (healthy), then down, nothing left behind."""
     client = docker.from_env()
     try:
         compose("build")

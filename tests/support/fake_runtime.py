@@ -334,9 +334,10 @@ class FakeHub:
     bytes or a file Path. Levers: `rate` (bytes/s, to watch progress), `status`
     (an HTTP status every request gets, e.g. 401 for a gated repo), `reset_after`
     (bytes after which a GET's connection is cut), `token` (required when set).
-    `requests` lists (method, path, range) as they came."""
+    `requests` lists (method, path, range) as they came. `host`: the address it
+    listens on (0.0.0.0: containers reach it at host.docker.internal:`port`)."""
 
-    def __init__(self, files: dict, rate: float | None = None):
+    def __init__(self, files: dict, rate: float | None = None, host: str = "127.0.0.1"):
         import http.server
         import socketserver
         import time as _time
@@ -421,8 +422,9 @@ class FakeHub:
         class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
             daemon_threads = True
 
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = Server((host, 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
 
     def __enter__(self):
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
