@@ -1,8 +1,9 @@
 """The fleet's two numbers (docs/performance.md, "Several stacks behind LiteLLM"):
 
-1. the router hop: the same 1-token request sent to a stack directly and through the
-   LiteLLM router (our plugin) in front of it, paired (alternating, one run): TTFT of a
-   streamed request and the wall time of a non-streamed one, medians;
+1. the router hop: the same 1-token request sent to a stack directly, through the
+   LiteLLM router with our plugin, and through a plain LiteLLM router (no plugin, one
+   deployment), interleaved in one run: TTFT of a streamed request and the wall time
+   of a non-streamed one, medians;
 2. swaps per 100 requests of a mixed two-model workload over two stacks that both
    declare both models: our routing vs LiteLLM's default (simple-shuffle).
 
@@ -51,22 +52,23 @@ def one(base: str, model: str, stream: bool, auth: bool) -> float:
     raise RuntimeError("no chunk")
 
 
-def hop(stack: str, router: str, pairs: int) -> dict:
+def hop(paths: dict[str, tuple[str, bool]], pairs: int) -> dict:
+    """Each path {name: (base URL, send the router key)} asked in turn, the order
+    rotated every round; medians per path, streamed (TTFT) and not."""
     out = {}
+    names = list(paths)
     for stream in (True, False):
-        direct, routed = [], []
-        for i in range(3):                       # warm both paths
-            one(stack, "beta", stream, False), one(router, "beta", stream, True)
+        times: dict[str, list] = {n: [] for n in names}
+        for _ in range(3):                       # warm every path
+            for n in names:
+                one(paths[n][0], "beta", stream, paths[n][1])
         for i in range(pairs):
-            if i % 2:
-                direct.append(one(stack, "beta", stream, False))
-                routed.append(one(router, "beta", stream, True))
-            else:
-                routed.append(one(router, "beta", stream, True))
-                direct.append(one(stack, "beta", stream, False))
-        d, r = statistics.median(direct) * 1000, statistics.median(routed) * 1000
-        out["ttft" if stream else "full"] = {"direct_ms": round(d, 1), "router_ms": round(r, 1),
-                                             "added_ms": round(r - d, 1), "pairs": pairs}
+            order = names[i % len(names):] + names[:i % len(names)]
+            for n in order:
+                times[n].append(one(paths[n][0], "beta", stream, paths[n][1]))
+        out["ttft" if stream else "full"] = {
+            n: round(statistics.median(v) * 1000, 1) for n, v in times.items()}
+        out["ttft" if stream else "full"]["pairs"] = pairs
     return out
 
 
@@ -104,19 +106,22 @@ def main() -> int:
             ProxyProcess(BACKEND_URL=s1.url, WEB_SEARCH=0, SYSTEM_PROMPT="") as p1, \
             ProxyProcess(BACKEND_URL=s2.url, WEB_SEARCH=0, SYSTEM_PROMPT="") as p2:
         stacks = {"S1": p1.url, "S2": p2.url}
-        with LiteLLMRouter(stacks, poll=0.5) as ours:
+        with LiteLLMRouter(stacks, poll=0.5) as ours, \
+                LiteLLMRouter({"S1": p1.url}, strategy="simple-shuffle") as plain:
             requests.post(p1.url + "/load/beta", timeout=120).raise_for_status()
             time.sleep(1.5)
-            res["hop"] = hop(p1.url, ours.url, a.pairs)
+            res["hop"] = hop({"direct": (p1.url, False), "plugin": (ours.url, True),
+                              "plain": (plain.url, True)}, a.pairs)
             res["ours"] = mixed(ours.url, stacks, [s1.url, s2.url], a.requests)
         with LiteLLMRouter(stacks, strategy="simple-shuffle") as shuffle:
             res["simple_shuffle"] = mixed(shuffle.url, stacks, [s1.url, s2.url], a.requests)
     h = res["hop"]
     print("| path | TTFT median (ms) | non-stream median (ms) |\n|---|---|---|")
-    print(f"| stack directly | {h['ttft']['direct_ms']} | {h['full']['direct_ms']} |")
-    print(f"| LiteLLM router (our plugin) -> stack | {h['ttft']['router_ms']} | "
-          f"{h['full']['router_ms']} |")
-    print(f"| added by the hop | +{h['ttft']['added_ms']} | +{h['full']['added_ms']} |\n")
+    for n, label in (("direct", "stack directly"),
+                     ("plugin", "LiteLLM router, our plugin (2 stacks) -> stack"),
+                     ("plain", "LiteLLM router, no plugin (1 stack) -> stack")):
+        print(f"| {label} | {h['ttft'][n]} | {h['full'][n]} |")
+    print()
     print("| routing | requests | swaps | loads | swaps / 100 | wall s |\n|---|---|---|---|---|---|")
     for k, label in (("ours", "ours (deploy/fleet/routing.py)"),
                      ("simple_shuffle", "LiteLLM default (simple-shuffle)")):
