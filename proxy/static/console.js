@@ -450,7 +450,10 @@ function statusText(id) {
       : S.loadT0[id] ? (Date.now() - S.loadT0[id]) / 1000 : pick(p, ["seconds"]) ?? st.elapsed_seconds;
     detail = fmtSeconds(elapsed);
     const expected = pick(st, ["expected_seconds"]) ?? pick(p, ["expected_seconds"]);
-    if (expected != null && elapsed != null) detail += " · ~" + fmtSeconds(Math.max(0, expected - elapsed)) + " left";
+    if (expected != null && elapsed != null) {       // past it: what it usually takes
+      detail += expected - elapsed > 0.5 ? " · ~" + fmtSeconds(expected - elapsed) + " left"
+        : " · usually " + fmtSeconds(expected);
+    }
     if (p && p.detail) detail += " · " + p.detail;
   } else if (st.value === "downloading") {
     // The swapper's fields (scheduler.download_progress): done_bytes, total_bytes,
@@ -494,8 +497,8 @@ function renderResident() {
   $("r-since").textContent = r ? fmtSeconds(residentSince()) + " ago" : "–";
   $("r-inflight").textContent = r ? String(r.in_flight) + (r.slots ? " / " + r.slots + " slots" : "") : "–";
   $("r-queued").textContent = r ? String(r.queued) : "–";
-  $("r-lastload").textContent = r && r.last_load_seconds != null ? fmtSeconds(r.last_load_seconds) : "–";
-  $("r-lastswap").textContent = r && r.last_swap_seconds != null ? fmtSeconds(r.last_swap_seconds) : "–";
+  $("r-lastload").textContent = secs(r && r.last_load_seconds);
+  $("r-lastswap").textContent = secs(r && r.last_swap_seconds);
   const downloads = Object.entries(S.status).filter(([, st]) => st.value === "downloading")
     .map(([id, st]) => id + " " + fmtBytes(st.done_bytes) + (st.total_bytes ? " / " + fmtBytes(st.total_bytes) : ""));
   $("r-downloads").textContent = downloads.length ? downloads.join(", ") : "none";

@@ -256,7 +256,10 @@ def test_load_eta_queue_wait_and_swap_time(page, proxy, tmp_path):
          "status": {"value": "loading", "elapsed_seconds": 2.0, "expected_seconds": 600.0,
                     "eta_seconds": 598.0}},
         {"id": "first", "aliases": [], "kind": "llamacpp", "gpus": [],
-         "context_length": 4096, "status": {"value": "unloaded"}}]}
+         "context_length": 4096, "status": {"value": "unloaded"}},
+        {"id": "late", "aliases": [], "kind": "llamacpp", "gpus": [],   # (as /v1/models says)
+         "context_length": 4096, "status": {"value": "loading", "elapsed_seconds": 30.0,
+                                            "expected_seconds": 10.0, "eta_seconds": 0.0}}]}
     events = sse_of({"event": "state", "time": 1.0, "model": "next", "state": "loading",
                      "models": {m["id"]: m["status"] for m in models["data"]}},
                     {"event": "load_started", "time": 1.0, "model": "next",
@@ -279,6 +282,8 @@ def test_load_eta_queue_wait_and_swap_time(page, proxy, tmp_path):
         """() => /left/.test(document.querySelector(
              '#models tr[data-model="next"] td.status .detail').textContent)""", timeout=10_000)
     assert "~9 min" in detail.inner_text(), detail.inner_text()        # 600 s less ~2 s
+    late = page.locator('#models tr[data-model="late"] td.status .detail').inner_text()
+    assert late.startswith("30.0 s · usually 10.0 s"), late        # past its ETA
     page.wait_for_selector('#activity tbody tr[data-seq="1"]', timeout=10_000)
     assert page.locator('#activity tr[data-seq="1"] .wait').inner_text() == "42.7 s"
     assert page.locator('#activity tr[data-seq="2"] .wait').inner_text() == "–"
