@@ -1,6 +1,7 @@
 """The product as a user runs it: `docker compose up -d`, then the OpenAI SDK
 against :11433, then `docker compose down` leaving nothing behind."""
 import contextlib
+import json
 import os
 import subprocess
 import uuid
@@ -132,6 +133,10 @@ def test_the_stack_end_to_end(stack):
     assert r.choices[0].message.content is not None
     running = requests.get(f"http://127.0.0.1:{stack.proxy_port}/running", timeout=10).json()
     assert running["model"] == "tiny-b"
+    assert running["last_swap_seconds"] > 0 and running["last_load_seconds"] > 0
+    # The load times (the next loads' ETAs) are kept in the swapper's volume.
+    kept = stack("exec", "-T", "swapper", "cat", "/kvcache/load-times.json").stdout
+    assert set(json.loads(kept)["models"]) == {"tiny-a", "tiny-b"}, kept
     backends = stack_containers(docker.from_env(), stack.stack, running_only=True)
     assert [c.labels["org.coding-stack.model"] for c in backends] == ["tiny-b"]
 
