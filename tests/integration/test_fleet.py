@@ -46,8 +46,10 @@ def fleet():
     # B's MAX_QUEUE=1: it is "busy beyond its queue" (503 + Retry-After) at 2 slots + 1
     with SwapperProcess(backends_dir=A_DIR) as sa, \
             SwapperProcess(backends_dir=B_DIR, MAX_QUEUE=1) as sb, \
-            ProxyProcess(BACKEND_URL=sa.url, WEB_SEARCH=0, SYSTEM_PROMPT="") as pa, \
-            ProxyProcess(BACKEND_URL=sb.url, WEB_SEARCH=0, SYSTEM_PROMPT="") as pb, \
+            ProxyProcess(BACKEND_URL=sa.url, WEB_SEARCH=0, SYSTEM_PROMPT="",
+                         KEEPALIVE_INTERVAL=0.5) as pa, \
+            ProxyProcess(BACKEND_URL=sb.url, WEB_SEARCH=0, SYSTEM_PROMPT="",
+                         KEEPALIVE_INTERVAL=0.5) as pb, \
             ScriptedDialects() as model_c, searching(model_c.url, True) as (c_url, _):
         model_c.responder = searching_model
         f.sa, f.sb, f.pa, f.pb, f.c_url, f.model_c = sa, sb, pa, pb, c_url, model_c
@@ -268,6 +270,29 @@ def test_anthropic_web_search_blocks_pass_through_unchanged(fleet):
     res = next(b for b in msg.content if b.type == "web_search_tool_result")
     assert res.content[0].url.startswith("https://example.com/")
     assert msg.content[-1].text.startswith("ANSWER: the changelog is at https://example.com/")
+
+
+def test_messages_stream_carries_the_stacks_load_progress(fleet):
+    """A streamed Messages request that starts a load: the stack's progress comments
+    (`: loading model alpha ...`) reach the client through the router (Anthropic
+    pass-through). Chat completions' streams lose them (LiteLLM re-emits parsed
+    chunks): the chunks still arrive."""
+    unload_all(fleet)
+    r = requests.post(fleet.url + "/v1/messages", stream=True, timeout=120, headers={
+        "x-api-key": KEY, "anthropic-version": "2023-06-01"}, json={
+        "model": "alpha", "max_tokens": 2, "stream": True,
+        "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200
+    lines = [ln for ln in r.iter_lines() if ln]
+    assert any(ln.startswith(b": loading model alpha") for ln in lines), lines[:5]
+    assert any(ln == b"event: message_stop" for ln in lines)
+    unload_all(fleet)
+    r = requests.post(fleet.url + "/v1/chat/completions", stream=True, timeout=120, headers={
+        "Authorization": f"Bearer {KEY}"}, json={
+        "model": "alpha", "max_tokens": 2, "stream": True,
+        "messages": [{"role": "user", "content": "hi"}]})
+    lines = [ln for ln in r.iter_lines() if ln]
+    assert lines[-1] == b"data: [DONE]" and not any(ln.startswith(b":") for ln in lines)
 
 
 def test_responses_web_search_through_the_router(fleet):
