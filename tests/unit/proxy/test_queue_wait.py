@@ -123,3 +123,21 @@ def test_wait_pieces_parsed_summed_and_only_before_the_first_event():
     note_wait(env, None)
     assert env[RECORD]["queue_wait"] == 2.5
     assert list(noting_waits(pieces, {})) == pieces    # not a listed request
+
+
+def test_a_passed_through_stream_that_waited():
+    """/v1/completions streamed (the proxy's pass-through route): the wait comes in
+    the stream's comment, the bytes reach the client as they came."""
+    from flask import Flask, Response
+    stream = b": loading model m\n\n" + queuewait.comment(1.5) + \
+        b'data: {"choices":[{"text":"hi"}]}\n\ndata: [DONE]\n\n'
+    up = Flask("waited")
+    up.post("/v1/completions")(lambda: Response(stream, mimetype="text/event-stream"))
+    with ServerThread(up) as server:
+        client = proxy_app(ProxySettings.from_env({}, BACKEND_URL=server.url, WEB_SEARCH=False,
+                                                  MODELS_TTL=0)).test_client()
+        r = client.post("/v1/completions", json={"model": "m", "prompt": "x", "stream": True})
+        assert r.status_code == 200 and r.data == stream
+        r.close()
+        (rec,) = records(client)
+    assert rec["dialect"] == "completions" and rec["queue_wait"] == 1.5
