@@ -157,7 +157,7 @@ def swap_back(url: str, ev: Events, messages: list[dict], drop: Path | None = No
             if reused else None}
 
 
-def measure(size: int, repeats: int) -> dict:
+def measure(size: int, repeats: int, cold: bool = True) -> dict:
     kv = Path(tempfile.mkdtemp(prefix="kvswap-"))
     os.chmod(kv, 0o777)
     out: dict = {"size": size, "load_before": os.getloadavg()}
@@ -175,8 +175,10 @@ def measure(size: int, repeats: int) -> dict:
                 print(f"[{size}] never {i}: {out['never'][-1]}", flush=True)
                 out["restored"].append(swap_back(sw.url, ev, next_turn(history, f"rest-{i}")))
                 print(f"[{size}] restored {i}: {out['restored'][-1]}", flush=True)
-            out["no_restore"] = swap_back(sw.url, ev, next_turn(history, "cold"), drop=kv / A)
-            print(f"[{size}] no restore: {out['no_restore']}", flush=True)
+            if cold:
+                out["no_restore"] = swap_back(sw.url, ev, next_turn(history, "cold"),
+                                              drop=kv / A)
+                print(f"[{size}] no restore: {out['no_restore']}", flush=True)
             out["disk_bytes"] = metric(sw.url, "swapper_kv_cache_disk_bytes")
             ev.close()
             requests.post(f"{sw.url}/unload", timeout=600)
@@ -198,7 +200,8 @@ def report(results: list[dict]) -> str:
     for res in results:
         size = res["build"]["prompt_n"]
         rows = [("never swapped", res["never"]), ("swapped, restored", res["restored"]),
-                ("swapped, no restore", [res["no_restore"]])]
+                ("swapped, no restore", [res["no_restore"]]) if "no_restore" in res else
+                ("full prefill (the build turn; no swap, no load)", [res["build"]])]
         for name, rs in rows:
             ttft, load = med(rs, "ttft"), med(rs, "load")
             cells = [f"{size:,}", name, str(len(rs)), f"{med(rs, 'prompt_n'):g}",
@@ -223,9 +226,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="8000,24000")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cold", choices=("on", "off"), default="on",
+                    help="off: no 'no restore' turn (a second full prefill); the build "
+                         "turn's full prefill is reported in its place")
     ap.add_argument("--json")
     args = ap.parse_args()
-    results = [measure(int(s), args.repeats) for s in args.sizes.split(",")]
+    results = [measure(int(s), args.repeats, cold=args.cold == "on")
+               for s in args.sizes.split(",")]
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print(report(results))
