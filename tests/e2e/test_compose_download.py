@@ -5,26 +5,20 @@ stand-in Hub on the host (the Hub's resolve/HEAD protocol, over HF_ENDPOINT),
 into the MODELS_DIR compose mounts, and the backend it then starts answers."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import requests
 
 from tests.e2e.test_compose import REPO, Compose, up
-from tests.support.fake_runtime import FakeHub
+from tests.support.fake_runtime import TINY_REPO, FakeHub, tiny_a_from_hub
 
 
 def test_a_model_not_on_disk_is_downloaded_then_answers_through_compose(tmp_path_factory):
-    gguf = Path(os.environ["TESTBED_MODELS_DIR"]) / os.environ["TESTBED_MODEL_FILE"]
     root = tmp_path_factory.mktemp("download")
     root.chmod(0o755)
     models = root / "models"
     models.mkdir()                          # empty, root's: the swapper makes it its own
-    manifest = root / "models.toml"
-    manifest.write_text(f'[tiny-a]\nsource = "hf"\nrepo = "org/SmolLM2-GGUF"\n'
-                        f'files = [ {{ local = "{gguf.name}", remote = "{gguf.name}" }} ]\n')
-    manifest.chmod(0o644)
-    with FakeHub({f"org/SmolLM2-GGUF/{gguf.name}": gguf}, rate=40e6, host="0.0.0.0") as hub:
+    gguf, manifest = tiny_a_from_hub(root)
+    with FakeHub({f"{TINY_REPO}/{gguf.name}": gguf}, rate=40e6, host="0.0.0.0") as hub:
         compose = Compose(tmp_path_factory.mktemp("elsewhere"),
                           REPO / "tests/e2e/compose.download.yaml")
         compose.env.update(MODELS_DIR=str(models), TESTBED_MODELS_DIR=str(models),

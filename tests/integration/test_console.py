@@ -6,9 +6,7 @@ A screenshot of each state goes to the test's tmp_path."""
 from __future__ import annotations
 
 import json
-import os
 import threading
-from pathlib import Path
 
 import pytest
 import requests
@@ -357,18 +355,15 @@ def test_download_on_first_use_in_the_page(page, tmp_path):
     next load of it shows an ETA from that load's time."""
     import docker
 
-    from tests.support.fake_runtime import FakeHub
+    from tests.support.fake_runtime import TINY_REPO, FakeHub, tiny_a_from_hub
 
-    gguf = Path(os.environ["TESTBED_MODELS_DIR"]) / os.environ["TESTBED_MODEL_FILE"]
     models = tmp_path / "models"
     models.mkdir()
     models.chmod(0o755)
     tmp_path.chmod(0o755)
-    manifest = tmp_path / "models.toml"
-    manifest.write_text(f'[tiny-a]\nsource = "hf"\nrepo = "org/SmolLM2-GGUF"\n'
-                        f'files = [ {{ local = "{gguf.name}", remote = "{gguf.name}" }} ]\n')
+    gguf, manifest = tiny_a_from_hub(tmp_path)
     client = docker.from_env()
-    with FakeHub({f"org/SmolLM2-GGUF/{gguf.name}": gguf}, rate=20e6) as hub, \
+    with FakeHub({f"{TINY_REPO}/{gguf.name}": gguf}, rate=20e6) as hub, \
             SwapperProcess(TESTBED_MODELS_DIR=str(models), MODELS_DIR=str(models),
                            MODELS_MANIFEST=str(manifest), HF_ENDPOINT=hub.url,
                            KEEPALIVE_INTERVAL="0.5") as sw, \

@@ -16,6 +16,7 @@ container before a start: a driver that starts too early shows in `peak`.
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -325,6 +326,21 @@ class FakeSlotServer:
     def __exit__(self, *exc):
         self._server.shutdown()
         self._server.server_close()
+
+
+TINY_REPO = "org/SmolLM2-GGUF"      # where FakeHub.tiny_a serves the test bed's GGUF
+
+
+def tiny_a_from_hub(folder) -> tuple:
+    """(the test bed's GGUF, a models manifest in `folder` whose tiny-a is that file
+    from FakeHub's TINY_REPO): the models a download-on-first-use test starts from."""
+    from pathlib import Path as _Path
+    gguf = _Path(os.environ["TESTBED_MODELS_DIR"]) / os.environ["TESTBED_MODEL_FILE"]
+    manifest = _Path(folder) / "models.toml"
+    manifest.write_text(f'[tiny-a]\nsource = "hf"\nrepo = "{TINY_REPO}"\n'
+                        f'files = [ {{ local = "{gguf.name}", remote = "{gguf.name}" }} ]\n')
+    manifest.chmod(0o644)
+    return gguf, manifest
 
 
 class FakeHub:

@@ -4,27 +4,22 @@ served by a stand-in Hub over HF_ENDPOINT. A streamed request sees the progress
 comments, /v1/models shows `downloading`, and then the model answers (200)."""
 from __future__ import annotations
 
-import os
 import threading
 import time
-from pathlib import Path
 
 import requests
 
-from tests.support.fake_runtime import FakeHub
+from tests.support.fake_runtime import TINY_REPO, FakeHub, tiny_a_from_hub
 from tests.support.swapperproc import SwapperProcess
 
 
 def test_a_missing_model_is_downloaded_then_answers(tmp_path, docker_client):
-    gguf = Path(os.environ["TESTBED_MODELS_DIR"]) / os.environ["TESTBED_MODEL_FILE"]
     models = tmp_path / "models"
     models.mkdir()
     models.chmod(0o755)
     tmp_path.chmod(0o755)
-    manifest = tmp_path / "models.toml"
-    manifest.write_text(f'[tiny-a]\nsource = "hf"\nrepo = "org/SmolLM2-GGUF"\n'
-                        f'files = [ {{ local = "{gguf.name}", remote = "{gguf.name}" }} ]\n')
-    with FakeHub({f"org/SmolLM2-GGUF/{gguf.name}": gguf}, rate=40e6) as hub, \
+    gguf, manifest = tiny_a_from_hub(tmp_path)
+    with FakeHub({f"{TINY_REPO}/{gguf.name}": gguf}, rate=40e6) as hub, \
             SwapperProcess(TESTBED_MODELS_DIR=str(models), MODELS_DIR=str(models),
                            MODELS_MANIFEST=str(manifest), HF_ENDPOINT=hub.url,
                            KEEPALIVE_INTERVAL="0.2") as sw:
