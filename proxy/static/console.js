@@ -112,6 +112,17 @@ async function start() {
   S.timers.push(setInterval(render, 1000));
 }
 
+// A streamed answer's body, decoded, piece by piece as it arrives.
+async function* texts(r) {
+  const reader = r.body.getReader();
+  const dec = new TextDecoder();
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    yield dec.decode(value, { stream: true });
+  }
+}
+
 // ------------------------------------------------------------------ /events
 async function followEvents(state) {
   let backoff = 500;
@@ -124,14 +135,10 @@ async function followEvents(state) {
       const r = await api("/events", { signal: conn.signal, headers: { Accept: "text/event-stream" } });
       if (!r.ok || !r.body) throw new Error("HTTP " + r.status);
       state.lastByte = Date.now();
-      const reader = r.body.getReader();
-      const dec = new TextDecoder();
       let buf = "";
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
+      for await (const text of texts(r)) {
         state.lastByte = Date.now();
-        buf += dec.decode(value, { stream: true }).replace(/\r\n?/g, "\n");
+        buf += text.replace(/\r\n?/g, "\n");
         let i;
         while ((i = buf.indexOf("\n\n")) >= 0) {
           const block = buf.slice(0, i);
@@ -311,13 +318,9 @@ async function followLog(state) {
       const r = await api("/logs/" + encodeURIComponent(state.model) + "/stream?tail=" + tail,
         { signal: state.ctl.signal });
       if (r.ok && r.body) {
-        const reader = r.body.getReader();
-        const dec = new TextDecoder();
         let buf = "";
-        for (;;) {
-          const { value, done } = await reader.read();
-          if (done) break;
-          buf += dec.decode(value, { stream: true });
+        for await (const text of texts(r)) {
+          buf += text;
           const lines = buf.split("\n");
           buf = lines.pop();
           for (const l of lines) logLine(l.replace(/\r$/, ""));
