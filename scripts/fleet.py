@@ -13,6 +13,18 @@ stacks' aliases become model-group aliases. A stack's API key is passed on as
 `os.environ/FLEET_KEY_<NAME>` (never written into the file); the router's own key is
 `os.environ/LITELLM_MASTER_KEY`.
 
+The agents' own model names (Claude Code's `claude-*` tiers -- haiku for background
+calls -- and Codex's `gpt-5*` / `codex-*` defaults), which a stack answers with a
+registry model through its `model_patterns` (backends/models/agents.yaml), become
+LiteLLM wildcard model groups: `model_name: "claude-*"` with deployments
+`openai/claude-*` and `anthropic/claude-*` on every stack that maps the pattern (LiteLLM
+puts the client's name in place of the `*`, so the name reaches the stack unchanged and
+the stack's own mapping answers it). A stack's /v1/models does not list its patterns:
+each stack is taken to map the registry's shipped ones (claude-*, gpt-5*, codex-* ->
+@resident) unless `--patterns NAME=GLOB[:USE],...` says otherwise (`--patterns NAME=`:
+none). Only `*` wildcards (LiteLLM's); LiteLLM matches a name against the most specific
+(longest) glob only, so give the stacks the same globs.
+
 `--strategy simple-shuffle` writes the same deployments without the plugin (LiteLLM's
 default routing), for comparison.
 """
@@ -23,6 +35,23 @@ import sys
 
 import requests
 import yaml
+
+
+# The registry's shipped model_patterns (swapper/registry.py DEFAULT_PATTERNS,
+# backends/models/agents.yaml): what a stack maps unless told otherwise.
+DEFAULT_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("claude-*", "@resident"), ("gpt-5*", "@resident"), ("codex-*", "@resident"))
+
+
+def parse_patterns(text: str) -> list[tuple[str, str]]:
+    """"claude-*,gpt-5*:qwen" -> [("claude-*", "@resident"), ("gpt-5*", "qwen")]"""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if part:
+            glob, _, use = part.partition(":")
+            out.append((glob.strip(), use.strip() or "@resident"))
+    return out
 
 
 def env_name(stack: str) -> str:
@@ -36,14 +65,53 @@ def fetch_models(url: str, key: str | None = None, timeout: float = 10.0) -> lis
     return [d for d in r.json().get("data", []) if isinstance(d, dict) and d.get("id")]
 
 
+def pattern_deployments(stack: str, base: str, key: str, models: list[dict],
+                        patterns) -> list[dict]:
+    """The wildcard deployments of one stack's model_patterns (see the module doc)."""
+    names = {}
+    for m in models:
+        for n in (m["id"], *(m.get("aliases") or [])):
+            names[n] = m["id"]
+    out = []
+    for glob, use in patterns:
+        if any(c in glob for c in "?[]"):
+            print(f"fleet: {stack}: pattern {glob!r}: LiteLLM matches '*' only; skipped",
+                  file=sys.stderr)
+            continue
+        if use == "@default":           # the stack's DEFAULT_MODEL, else its first model
+            use = models[0]["id"] if models else "@resident"
+        elif use != "@resident":
+            if use not in names:
+                print(f"fleet: {stack}: pattern {glob!r} uses {use!r}, not a model there; "
+                      f"skipped", file=sys.stderr)
+                continue
+            use = names[use]
+        info = {"fleet_stack": stack, "fleet_url": base, "fleet_pattern": glob,
+                "fleet_use": use, "supports_web_search": True, "mode": "chat"}
+        for api, api_base in (("openai", base + "/v1"), ("anthropic", base)):
+            out.append({
+                "model_name": glob,
+                "litellm_params": {"model": f"{api}/{glob}", "api_base": api_base,
+                                   "api_key": key},
+                "model_info": {**info, "id": f"{stack}:{api}:{glob}", "fleet_api": api},
+            })
+    return out
+
+
 def build(stacks: dict[str, list[dict]], urls: dict[str, str], strategy: str = "fleet",
-          keyed: set[str] | None = None, cooldown: float = 10.0, poll: float = 1.0) -> dict:
-    """The config (a dict) for stacks {name: their /v1/models data} at urls {name: base}."""
+          keyed: set[str] | None = None, cooldown: float = 10.0, poll: float = 1.0,
+          patterns: dict[str, list[tuple[str, str]]] | None = None) -> dict:
+    """The config (a dict) for stacks {name: their /v1/models data} at urls {name: base};
+    `patterns` {name: [(glob, use)]}: each stack's model_patterns (a stack not named:
+    DEFAULT_PATTERNS)."""
     keyed = keyed or set()
-    model_list, aliases = [], {}
+    patterns = patterns or {}
+    model_list, aliases, wild = [], {}, []
     for stack, models in stacks.items():
         base = urls[stack].rstrip("/")
         key = f"os.environ/{env_name(stack)}" if stack in keyed else "none"
+        wild += pattern_deployments(stack, base, key, models,
+                                    patterns.get(stack, DEFAULT_PATTERNS))
         for m in models:
             mid = m["id"]
             info = {"fleet_stack": stack, "fleet_url": base, "fleet_model": mid,
@@ -63,6 +131,7 @@ def build(stacks: dict[str, list[dict]], urls: dict[str, str], strategy: str = "
                 aliases.setdefault(a, mid)
     ids = {d["model_name"] for d in model_list}
     aliases = {a: m for a, m in aliases.items() if a not in ids}
+    model_list += [d for d in wild if d["model_name"] not in ids]
     router = {
         "routing_strategy": "simple-shuffle",
         # a stack that fails is cooled down at once and its traffic retried on another
@@ -103,7 +172,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="fleet (the plugin, default) or a LiteLLM routing_strategy")
     ap.add_argument("--cooldown", type=float, default=10.0, help="seconds a failed stack rests")
     ap.add_argument("--poll", type=float, default=1.0, help="status poll interval, seconds")
+    ap.add_argument("--patterns", action="append", default=[], metavar="NAME=GLOB[:USE],...",
+                    help="a stack's model_patterns (default: claude-*,gpt-5*,codex-* -> "
+                         "@resident, the registry's shipped ones; NAME= for none)")
     a = ap.parse_args(argv)
+    pats = {}
+    for spec in a.patterns:
+        name, sep, text = spec.partition("=")
+        if not sep or not name:
+            ap.error(f"--patterns {spec!r}: want NAME=GLOB[:USE],...")
+        pats[name] = parse_patterns(text)
     import os
     urls, stacks, keyed = {}, {}, set()
     for spec in a.stack:
@@ -119,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         except (requests.RequestException, ValueError) as e:
             print(f"fleet: {name} ({url}): {e}", file=sys.stderr)
             return 1
-    text = yaml.safe_dump(build(stacks, urls, a.strategy, keyed, a.cooldown, a.poll),
+    if set(pats) - set(urls):
+        ap.error(f"--patterns names no --stack: {', '.join(sorted(set(pats) - set(urls)))}")
+    text = yaml.safe_dump(build(stacks, urls, a.strategy, keyed, a.cooldown, a.poll, pats),
                           sort_keys=False)
     if a.output == "-":
         sys.stdout.write(text)

@@ -15,7 +15,10 @@ Two parts, each testable alone:
 
 Deployments carry `model_info.fleet_stack` (the stack's name), `model_info.fleet_url`
 (its base URL) and `model_info.fleet_api` ("openai": chat, Responses, completions;
-"anthropic": Messages) -- scripts/fleet.py writes them.
+"anthropic": Messages) -- scripts/fleet.py writes them. A wildcard deployment (an
+agent's own model names, `claude-*`, `gpt-5*`, `codex-*`, answered by the stack's
+`model_patterns`) carries `model_info.fleet_pattern` and `model_info.fleet_use` (what
+the stack maps it to: "@resident", or a model id).
 """
 from __future__ import annotations
 
@@ -62,10 +65,18 @@ class StackStatus:
 
 # ------------------------------------------------------------------ the choice
 
-def rank(model: str, st: StackStatus) -> tuple:
+RESIDENT = "@resident"          # a pattern's `use`: whatever is resident (never a swap)
+
+
+def rank(model: str | None, st: StackStatus) -> tuple:
     """Smaller is better: the model loaded here, then loading here (join that load),
     then nothing resident (a load, no swap), then another model resident (a swap);
-    ties by how busy the stack is."""
+    ties by how busy the stack is. `model` None: any model (a name the stack maps to
+    its resident one): something loaded, then loading, then nothing (its default
+    loads) -- never a swap."""
+    if model is None:
+        where = 0 if st.resident and st.state == "ready" else 1 if st.resident else 2
+        return (where, st.busy)
     value = st.models.get(model)
     if value == "loaded" or (st.resident == model and st.state == "ready"):
         where = 0
@@ -78,19 +89,22 @@ def rank(model: str, st: StackStatus) -> tuple:
     return (where, st.busy)
 
 
-def choose(model: str, stacks: list[str], status: dict[str, StackStatus],
-           session_stack: str | None = None) -> str | None:
+def choose(model: str | None, stacks: list[str], status: dict[str, StackStatus],
+           session_stack: str | None = None,
+           per_stack: dict[str, str | None] | None = None) -> str | None:
     """The stack (of `stacks`, those declaring `model`) to send the request to.
 
     - the session's previous stack while it is up (its prompt cache is there);
     - else the best ranked stack that is up (see `rank`), the first named on a tie;
-    - None when no stack is known to be up (let LiteLLM try them all)."""
+    - None when no stack is known to be up (let LiteLLM try them all).
+    `per_stack` overrides `model` per stack (a pattern each stack maps its own way)."""
     live = [s for s in stacks if status.get(s, StackStatus()).up]
     if not live:
         return None
     if session_stack in live:
         return session_stack
-    return min(live, key=lambda s: (rank(model, status[s]), stacks.index(s)))
+    want = per_stack or {}
+    return min(live, key=lambda s: (rank(want.get(s, model), status[s]), stacks.index(s)))
 
 
 # ------------------------------------------------------------------ the poller
@@ -281,13 +295,22 @@ class FleetRouter(CustomLogger):
         if failed_stacks and set(by_stack) - failed_stacks:
             by_stack = {s: d for s, d in by_stack.items() if s not in failed_stacks}
         model_id = fitting[0]["model_info"].get("fleet_model") or model
+        # An agent's own name (claude-haiku-*, gpt-5*): each stack maps it to its resident
+        # model (or a fixed one); rank by that. It follows the session's stack but never
+        # sets it: Claude Code's first background call (a title) can arrive before the
+        # main model's first turn, and must not pull the session onto a stack where the
+        # main model is not resident.
+        pattern = "fleet_pattern" in fitting[0]["model_info"]
+        per_stack = {s: (None if d["model_info"].get("fleet_use", RESIDENT) == RESIDENT
+                         else d["model_info"]["fleet_use"])
+                     for s, d in by_stack.items()} if pattern else None
         sid = session_id(request_kwargs)
         chosen = choose(model_id, list(by_stack), poller.status,
-                        self.sessions.get(sid) if sid else None)
+                        self.sessions.get(sid) if sid else None, per_stack)
         self.choices += 1
         if chosen is None:                  # none known up: LiteLLM's own choice and retries
             return fitting
-        if sid:
+        if sid and not pattern:
             self.remember(sid, chosen)
         return [by_stack[chosen]]
 

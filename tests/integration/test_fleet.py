@@ -26,6 +26,7 @@ from tests.support.chat import Reply, search
 from tests.support.dialects import ScriptedDialects
 from tests.support.fleet import (KEY, DockerSampler, LiteLLMRouter, chat, served_by,
                                  swapper_counts, wait_for)
+from tests.support.metrics import scrape
 from tests.support.process import REPO
 from tests.support.proxyproc import ProxyProcess, searching
 from tests.support.swapperproc import SwapperProcess
@@ -55,7 +56,8 @@ def fleet():
         f.sa, f.sb, f.pa, f.pb, f.c_url, f.model_c = sa, sb, pa, pb, c_url, model_c
         f.stacks = {"A": pa.url, "B": pb.url, "C": c_url}
         with DockerSampler([sa.stack, sb.stack]) as sampler, \
-                LiteLLMRouter(f.stacks, cooldown=5.0, poll=0.5) as router:
+                LiteLLMRouter(f.stacks, cooldown=5.0, poll=0.5,
+                              patterns={"C": []}) as router:      # A, B: the shipped ones
             f.sampler, f.router, f.url = sampler, router, router.url
             yield f
             # the restarted swapper of test_failover (if any) is stopped by its own test
@@ -105,6 +107,10 @@ def test_config_is_a_group_per_model_over_the_stacks_that_declare_it(fleet):
     assert groups["gamma"] == {("B", "openai"), ("B", "anthropic")}
     aliases = fleet.router.config["router_settings"]["model_group_alias"]
     assert aliases["al"] == "alpha" and aliases["be"] == "beta" and aliases["ga"] == "gamma"
+    # the agents' own names: a wildcard group on the stacks that map them (A, B; not C)
+    for glob in ("claude-*", "gpt-5*", "codex-*"):
+        assert groups[glob] == {("A", "openai"), ("A", "anthropic"), ("B", "openai"),
+                                ("B", "anthropic")}, glob
     assert fleet.router.config["general_settings"]["background_health_checks"] is False
     r = requests.get(fleet.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"},
                      timeout=10)
@@ -195,6 +201,62 @@ def test_a_session_stays_on_its_stack_over_a_resident_elsewhere(fleet, how):
     load(fleet.pa.url, "beta")
     assert ok_from(fleet, "beta") == "A"       # no session: where it is resident
     assert turn() == "B"                       # the session: where it was
+
+
+def test_agents_tier_names_go_to_the_sessions_stack_with_no_load(fleet):
+    """Claude Code's background name (claude-haiku-4-5; the user set only ANTHROPIC_MODEL)
+    and Codex's default (gpt-5.5) have wildcard groups (claude-*, gpt-5*) on A and B,
+    whose model_patterns answer them with the resident model. In a session whose turns
+    went to B (beta; A holds alpha, is named first and has a model loaded too): B, in
+    the Messages and chat dialects and Responses, 200, and 0 loads or swaps anywhere.
+    Without a session: the stack with something loaded, not the idle one named first."""
+    unload_all(fleet)
+    load(fleet.pa.url, "alpha")
+    sid = str(uuid.uuid4())
+    session = {"X-Claude-Code-Session-Id": sid}
+    r = chat(fleet.url, "beta", headers=session)              # the session's main model
+    assert r.status_code == 200 and served_by(r, fleet.stacks) == "B", r.text
+    cx = str(uuid.uuid4())                                    # a Codex session (Responses)
+
+    def responses(model: str) -> requests.Response:
+        return requests.post(fleet.url + "/v1/responses", timeout=120, headers={
+            "Authorization": f"Bearer {KEY}"}, json={
+            "model": model, "max_output_tokens": 16, "input": "hi",
+            "client_metadata": {"session_id": cx}})
+    r = responses("beta")
+    assert r.status_code == 200 and served_by(r, fleet.stacks) == "B", r.text
+    before, mapped = counts(fleet), scrape(fleet.sb.url)
+    r = chat(fleet.url, "claude-haiku-4-5", headers=session)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-litellm-model-id"] == "B:openai:claude-*"
+    assert r.json()["choices"][0]["message"]["content"] is not None
+    r = requests.post(fleet.url + "/v1/messages", timeout=120, headers={
+        "x-api-key": KEY, "anthropic-version": "2023-06-01", **session}, json={
+        "model": "claude-haiku-4-5", "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-litellm-model-id"] == "B:anthropic:claude-*"
+    assert r.json()["type"] == "message" and r.json()["content"], r.json()
+    r = responses("gpt-5.5")
+    assert r.status_code == 200, r.text
+    assert r.headers["x-litellm-model-id"] == "B:openai:gpt-5*"
+    # B's own model_patterns answered the names, unchanged, with its resident beta
+    now = scrape(fleet.sb.url)
+    for pattern, n in (("claude-*", 2), ("gpt-5*", 1)):
+        assert now.value("swapper_models_mapped_total", pattern=pattern, model="beta") - \
+            mapped.value("swapper_models_mapped_total", pattern=pattern, model="beta") == n
+    after = counts(fleet)
+    assert loads(before, after) == {"A": 0, "B": 0}
+    assert swaps(before, after) == {"A": 0, "B": 0}
+    assert [requests.get(sw.url + "/healthz", timeout=5).json()["model"]
+            for sw in (fleet.sa, fleet.sb)] == ["alpha", "beta"]
+    # no session: to B (beta loaded), not A (idle, named first)
+    requests.post(fleet.pa.url + "/unload", timeout=30).raise_for_status()
+    time.sleep(1.2)
+    before = counts(fleet)
+    for _ in range(2):
+        assert ok_from(fleet, "claude-haiku-4-5") == "B"
+    assert loads(before, counts(fleet)) == {"A": 0, "B": 0}
 
 
 def test_beta_overflows_to_the_other_stack_only_beyond_its_queue(fleet):

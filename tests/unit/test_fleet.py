@@ -191,7 +191,7 @@ def test_config_groups_aliases_and_keys():
     by = {}
     for d in cfg["model_list"]:
         by.setdefault(d["model_name"], []).append(d)
-    assert sorted(by) == ["alpha", "beta", "gamma"]
+    assert sorted(by) == ["alpha", "beta", "claude-*", "codex-*", "gamma", "gpt-5*"]
     assert {(d["model_info"]["fleet_stack"], d["litellm_params"]["model"], d["litellm_params"]["api_base"])
             for d in by["beta"]} == {
         ("gpu1", "openai/beta", "http://gpu1:11433/v1"), ("gpu1", "anthropic/beta", "http://gpu1:11433"),
@@ -219,5 +219,140 @@ def test_cli_writes_the_config_from_the_stacks(tmp_path):
         assert fleet.main(["--stack", f"A={a.url}", "-o", str(out)]) == 0
         import yaml
         cfg = yaml.safe_load(out.read_text())
-        assert {d["model_name"] for d in cfg["model_list"]} == {"alpha"}
+        assert {d["model_name"] for d in cfg["model_list"]} == {"alpha", "claude-*", "gpt-5*",
+                                                                "codex-*"}
+        assert fleet.main(["--stack", f"A={a.url}", "-o", str(out), "--patterns",
+                           "A=claude-haiku-*:al,gpt-5*"]) == 0
+        pats = {d["model_name"]: d["model_info"]["fleet_use"]
+                for d in yaml.safe_load(out.read_text())["model_list"] if "fleet_pattern" in d["model_info"]}
+        assert pats == {"claude-haiku-*": "alpha", "gpt-5*": "@resident"}   # the alias: its id
+        assert fleet.main(["--stack", f"A={a.url}", "-o", str(out), "--patterns", "A="]) == 0
+        assert {d["model_name"] for d in yaml.safe_load(out.read_text())["model_list"]} == {"alpha"}
     assert fleet.main(["--stack", "A=http://127.0.0.1:9"]) == 1          # unreachable: said, 1
+
+
+# ------------------------------------------------------------------ agents' own model names
+
+def test_agents_names_are_wildcard_groups_on_the_stacks_that_map_them():
+    """claude-* / gpt-5* / codex-*: a wildcard model group with an openai/ and an
+    anthropic/ deployment on each stack mapping the pattern, the client's name passed
+    through (LiteLLM puts it in place of the *); a stack with no patterns has none."""
+    stacks = {"A": [{"id": "alpha"}], "B": [{"id": "beta", "aliases": ["be"]}], "C": [{"id": "c"}]}
+    urls = {"A": "http://a:11433", "B": "http://b:11433", "C": "http://c:11433"}
+    cfg = fleet.build(stacks, urls, keyed={"B"},
+                      patterns={"B": [("claude-*", "be"), ("gpt-5*", "@resident")], "C": []})
+    wild = {}
+    for d in cfg["model_list"]:
+        if "fleet_pattern" in d["model_info"]:
+            wild.setdefault(d["model_name"], set()).add(
+                (d["model_info"]["fleet_stack"], d["litellm_params"]["model"],
+                 d["litellm_params"]["api_base"], d["litellm_params"]["api_key"],
+                 d["model_info"]["fleet_use"], d["model_info"]["id"]))
+    assert wild == {
+        "claude-*": {("A", "openai/claude-*", "http://a:11433/v1", "none", "@resident", "A:openai:claude-*"),
+                     ("A", "anthropic/claude-*", "http://a:11433", "none", "@resident", "A:anthropic:claude-*"),
+                     ("B", "openai/claude-*", "http://b:11433/v1", "os.environ/FLEET_KEY_B", "beta",
+                      "B:openai:claude-*"),
+                     ("B", "anthropic/claude-*", "http://b:11433", "os.environ/FLEET_KEY_B", "beta",
+                      "B:anthropic:claude-*")},
+        "gpt-5*": {("A", "openai/gpt-5*", "http://a:11433/v1", "none", "@resident", "A:openai:gpt-5*"),
+                   ("A", "anthropic/gpt-5*", "http://a:11433", "none", "@resident", "A:anthropic:gpt-5*"),
+                   ("B", "openai/gpt-5*", "http://b:11433/v1", "os.environ/FLEET_KEY_B", "@resident",
+                    "B:openai:gpt-5*"),
+                   ("B", "anthropic/gpt-5*", "http://b:11433", "os.environ/FLEET_KEY_B", "@resident",
+                    "B:anthropic:gpt-5*")},
+        "codex-*": {("A", "openai/codex-*", "http://a:11433/v1", "none", "@resident", "A:openai:codex-*"),
+                    ("A", "anthropic/codex-*", "http://a:11433", "none", "@resident",
+                     "A:anthropic:codex-*")},
+    }
+
+
+def test_pattern_globs_litellm_cannot_match_and_unknown_models_are_skipped(capsys):
+    cfg = fleet.build({"A": [{"id": "alpha"}]}, {"A": "http://a"},
+                      patterns={"A": [("claude-?", "@resident"), ("gpt-5*", "nope"),
+                                      ("codex-*", "@default")]})
+    wild = {d["model_name"]: d["model_info"]["fleet_use"] for d in cfg["model_list"]
+            if "fleet_pattern" in d["model_info"]}
+    assert wild == {"codex-*": "alpha"}                 # @default: the stack's first model
+    err = capsys.readouterr().err
+    assert "'claude-?'" in err and "'nope'" in err
+
+
+def test_a_model_id_shadows_a_pattern_group_of_the_same_name():
+    cfg = fleet.build({"A": [{"id": "claude-*"}]}, {"A": "http://a"})
+    assert [d["model_info"].get("fleet_pattern") for d in cfg["model_list"]
+            if d["model_name"] == "claude-*"] == [None, None]
+
+
+def wild(*specs):
+    """Pattern deployments (stack, api, glob, use)."""
+    return [{"model_name": "claude-haiku-4-5", "litellm_params": {"model": f"{api}/claude-haiku-4-5"},
+             "model_info": {"id": f"{s}:{api}:{glob}", "fleet_stack": s, "fleet_api": api,
+                            "fleet_pattern": glob, "fleet_use": use, "fleet_url": f"http://{s}"}}
+            for s, api, glob, use in specs]
+
+
+def test_rank_of_any_resident_model_never_a_swap():
+    assert routing.rank(None, st("alpha", alpha="loaded")) == (0, 0)
+    assert routing.rank(None, st("alpha", state="loading", alpha="loading")) == (1, 0)
+    assert routing.rank(None, st(None)) == (2, 0)
+
+
+def test_an_agents_name_goes_to_its_sessions_stack_first():
+    """claude-haiku-* in a session whose main model's turns went to B: B (no swap, its
+    cache), though A also has a model loaded and is named first."""
+    r = routing.FleetRouter()
+    r.poller = FakePoller({"A": st("alpha", alpha="loaded"), "B": st("beta", beta="loaded")})
+    main = deployments(("A", "openai", "beta"), ("B", "openai", "beta"))
+    chat = {"proxy_server_request": {"url": "http://r/v1/chat/completions",
+                                     "headers": {"x-session-id": "s"}}}
+    r.sessions["s"] = "B"
+    assert [d["model_info"]["id"] for d in r.pick("beta", main, chat)] == ["B:openai:beta"]
+    ds = wild(("A", "openai", "claude-*", "@resident"), ("A", "anthropic", "claude-*", "@resident"),
+              ("B", "openai", "claude-*", "@resident"), ("B", "anthropic", "claude-*", "@resident"))
+    assert [d["model_info"]["id"] for d in r.pick("claude-haiku-4-5", ds, chat)] == ["B:openai:claude-*"]
+    msgs = {"proxy_server_request": {"url": "http://r/v1/messages", "headers": {}, "body": {
+        "metadata": {"user_id": json.dumps({"session_id": "cc"})}}}}
+    r.sessions["s:cc"] = "B"
+    assert [d["model_info"]["id"] for d in r.pick("claude-haiku-4-5", ds, msgs)] == ["B:anthropic:claude-*"]
+    # the session's stack down: where something is loaded
+    r.poller.status["B"].up = False
+    assert [d["model_info"]["id"] for d in r.pick("claude-haiku-4-5", ds, chat)] == ["A:openai:claude-*"]
+
+
+def test_an_agents_name_without_a_session_goes_where_something_is_loaded():
+    r = routing.FleetRouter()
+    r.poller = FakePoller({"A": st(None), "B": st("gamma", gamma="loaded"), "C": st(None)})
+    ds = wild(("A", "openai", "claude-*", "@resident"), ("B", "openai", "claude-*", "@resident"),
+              ("C", "openai", "claude-*", "@resident"))
+    kw = {"proxy_server_request": {"url": "http://r/v1/chat/completions"}}
+    assert [d["model_info"]["id"] for d in r.pick("claude-haiku-4-5", ds, kw)] == ["B:openai:claude-*"]
+    r.poller.status["B"] = st("gamma", state="loading", gamma="loading")
+    assert [d["model_info"]["id"] for d in r.pick("claude-haiku-4-5", ds, kw)] == ["B:openai:claude-*"]
+    r.poller.status["B"] = st(None)                        # nothing anywhere: as usual (first)
+    assert [d["model_info"]["id"] for d in r.pick("claude-haiku-4-5", ds, kw)] == ["A:openai:claude-*"]
+
+
+def test_an_agents_name_mapped_to_a_fixed_model_ranks_by_that_model():
+    r = routing.FleetRouter()
+    r.poller = FakePoller({"A": st("alpha", alpha="loaded"), "B": st("beta", beta="loaded")})
+    ds = wild(("A", "openai", "claude-*", "beta"), ("B", "openai", "claude-*", "beta"))
+    kw = {"proxy_server_request": {"url": "http://r/v1/chat/completions"}}
+    assert [d["model_info"]["id"] for d in r.pick("claude-haiku-4-5", ds, kw)] == ["B:openai:claude-*"]
+
+
+def test_an_agents_name_never_sets_the_sessions_stack():
+    """Claude Code's first background call can come before the main model's first turn:
+    it follows a session but does not start one (else it could pull the session onto
+    a stack where the main model would be a swap)."""
+    r = routing.FleetRouter()
+    r.poller = FakePoller({"A": st("alpha", alpha="loaded"), "B": st("beta", beta="loaded")})
+    kw = {"proxy_server_request": {"url": "http://r/v1/chat/completions",
+                                   "headers": {"x-session-id": "new"}}}
+    ds = wild(("A", "openai", "claude-*", "@resident"), ("B", "openai", "claude-*", "@resident"))
+    assert [d["model_info"]["id"] for d in r.pick("claude-haiku-4-5", ds, kw)] == ["A:openai:claude-*"]
+    assert "h:new" not in r.sessions
+    main = deployments(("A", "openai", "beta"), ("B", "openai", "beta"))
+    assert [d["model_info"]["id"] for d in r.pick("beta", main, kw)] == ["B:openai:beta"]
+    assert r.sessions["h:new"] == "B"
+    assert [d["model_info"]["id"] for d in r.pick("claude-haiku-4-5", ds, kw)] == ["B:openai:claude-*"]
