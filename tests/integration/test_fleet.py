@@ -17,6 +17,8 @@ import threading
 import time
 import uuid
 
+import importlib.util
+
 import anthropic
 import pytest
 import requests
@@ -24,8 +26,8 @@ import requests
 from tests.support.agents import QUERY, searching_model
 from tests.support.chat import Reply, search
 from tests.support.dialects import ScriptedDialects
-from tests.support.fleet import (KEY, DockerSampler, LiteLLMRouter, chat, served_by,
-                                 swapper_counts, wait_for)
+from tests.support.fleet import (FLEET_DIR, KEY, DockerSampler, LiteLLMRouter, chat,
+                                 served_by, swapper_counts, wait_for)
 from tests.support.metrics import scrape
 from tests.support.process import REPO
 from tests.support.proxyproc import ProxyProcess, searching
@@ -33,7 +35,10 @@ from tests.support.swapperproc import SwapperProcess
 
 A_DIR = REPO / "tests" / "fixtures" / "fleet" / "a"
 B_DIR = REPO / "tests" / "fixtures" / "fleet" / "b"
-HEALTH_WINDOW = 20.0          # seconds of router health traffic watched for loads
+# The issue's window: 2 minutes of router health traffic at the default poll interval
+# (FLEET_POLL_INTERVAL 1 s: one /healthz + one /v1/models per stack a second) is 120
+# probes of each per stack; the test sends at least that many, at a short interval.
+HEALTH_PROBES = 120
 WEB = {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}
 
 
@@ -286,18 +291,50 @@ def test_beta_overflows_to_the_other_stack_only_beyond_its_queue(fleet):
     time.sleep(5.5)                          # B's cooldown (5 s) ends before the next test
 
 
+def routing_module():
+    """deploy/fleet/routing.py, the file LiteLLM loads, loaded the same way (by path)."""
+    spec = importlib.util.spec_from_file_location("fleet_routing_it", FLEET_DIR / "routing.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def probes(proxy_url: str) -> dict:
+    """The status probes a stack's proxy answered (its own request counter)."""
+    m = scrape(proxy_url)
+    return {route: m.value("proxy_requests_total", route=route, method="GET", status="200")
+            for route in ("/healthz", "/v1/models")}
+
+
 def test_health_traffic_starts_no_load(fleet):
-    """The router's own health traffic (the plugin's /healthz + /v1/models polls every
-    0.5 s; LiteLLM's background health checks off) over a window: no load anywhere."""
+    """The router's health traffic -- the plugin's /healthz + /v1/models polls (its
+    StatusPoller; LiteLLM's background health checks are off) -- for as many probes as
+    2 minutes at the default 1 s interval: the router's own poller (0.5 s) and the same
+    StatusPoller class run here at 0.05 s, until it has polled HEALTH_PROBES times.
+    Counted from each stack's side (the proxy's request counter): at least that many
+    probes answered, and no load on either swapper."""
     unload_all(fleet)
-    before = counts(fleet)
-    t_end = time.monotonic() + HEALTH_WINDOW
-    while time.monotonic() < t_end:
-        r = requests.get(fleet.url + "/health/liveliness", timeout=5)
-        assert r.status_code == 200
-        time.sleep(1)
+    before, seen = counts(fleet), {"A": probes(fleet.pa.url), "B": probes(fleet.pb.url)}
+    poller = routing_module().StatusPoller({"A": fleet.pa.url, "B": fleet.pb.url},
+                                           interval=0.05).start()
+    try:
+        def enough():
+            assert requests.get(fleet.url + "/health/liveliness", timeout=5).status_code == 200
+            return poller.polls >= HEALTH_PROBES
+        wait_for(enough, f"{HEALTH_PROBES} status polls", deadline=22, every=0.5)
+    finally:
+        poller.stop()
+        poller._thread.join(5)
+    assert poller.status["A"].up and poller.status["B"].up
     after = counts(fleet)
+    for name, proxy in (("A", fleet.pa), ("B", fleet.pb)):
+        now = probes(proxy.url)
+        for route in ("/healthz", "/v1/models"):
+            answered = now[route] - seen[name][route]
+            # ours, and the router's poller's on top
+            assert answered > poller.polls >= HEALTH_PROBES, (name, route, answered, poller.polls)
     assert loads(before, after) == {"A": 0, "B": 0}
+    assert swaps(before, after) == {"A": 0, "B": 0}
     for sw in (fleet.sa, fleet.sb):
         assert requests.get(sw.url + "/healthz", timeout=5).json()["model"] is None
 
