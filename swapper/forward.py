@@ -151,7 +151,7 @@ class LeasedBody:
         self._started = False
         self._chunks = iter_upstream(upstream, on_close=self._ended, on_break=self._broke)
         # The first answer after a restore: its tail tells what the restore bought.
-        kv = getattr(getattr(lease._admission, "driver", None), "kv", None)
+        kv = lease.kv
         self._kv = kv if upstream.status_code == 200 and kv is not None \
             and kv.awaits_answer(lease.model) else None
         self._tail = bytearray()

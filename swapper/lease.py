@@ -51,6 +51,11 @@ class Lease:
     def backend(self):
         return self.ticket.backend
 
+    @property
+    def kv(self):
+        """The driver's prompt-cache keeper (swapper/kvcache.py), if it has one."""
+        return getattr(getattr(self._admission, "driver", None), "kv", None)
+
     def close(self) -> None:
         """The request ended without finishing its lease (the backstop, see the
         module): a ticket still queued leaves the queue, an admitted one gives
