@@ -406,10 +406,9 @@ class Scheduler:
     def _eta(self, model: str, elapsed: float) -> dict:
         """{expected_seconds, eta_seconds} of a load of `model` running `elapsed`
         seconds, from its past loads; {} without any."""
-        expected = self.load_times.expected(model)
-        if expected is None:
-            return {}
-        return {"expected_seconds": expected, "eta_seconds": round(max(0.0, expected - elapsed), 1)}
+        eta = self.load_times.remaining(model, elapsed)
+        return {} if eta is None else {"expected_seconds": self.load_times.expected(model),
+                                       "eta_seconds": eta}
 
     def subscribe(self, listener: Callable[[str, dict], None]) -> None:
         """Call `listener(event, fields)` on state events (metrics, logs)."""
@@ -500,9 +499,7 @@ class Scheduler:
         if phase != LOADING:
             self.progress = {}
         if old != (phase, model):
-            extra = {}
-            if phase == LOADING and (expected := self.load_times.expected(model)) is not None:
-                extra = {"expected_seconds": expected, "eta_seconds": expected}
+            extra = self._eta(model, 0.0) if phase == LOADING else {}
             self._emit(PHASE_EVENTS[phase], model=model or old[1], previous=old[0],
                        seconds=round(self.since - old_since, 3), **extra)
 
