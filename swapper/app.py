@@ -9,6 +9,7 @@ from flask import Flask
 
 from common.errors import install_error_handlers
 from common.guard import harden
+from common.origins import OriginGuard, split_list
 
 from . import routes
 from .driver import Driver
@@ -20,7 +21,7 @@ from .loadtimes import LoadTimes
 from .metrics import SwapperMetrics
 from .registry import Registry
 from .runtime import DockerRuntime, Runtime
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SwapPolicy
 from .settings import Settings
 
 
@@ -43,11 +44,13 @@ def build(settings: Settings, runtime: Runtime | None = None) -> Parts:
     registry = Registry.load(settings.BACKENDS_DIR, settings.env, settings.DEFAULT_MODEL)
     scheduler = Scheduler(lambda m: registry.models[m].slots, max_queue=settings.MAX_QUEUE,
                           backoff_base=settings.CRASH_BACKOFF, backoff_max=settings.CRASH_BACKOFF_MAX,
-                          load_times=LoadTimes.for_settings(settings))
+                          load_times=LoadTimes.for_settings(settings),
+                          policy=SwapPolicy.from_settings(settings))
     runtime = runtime or DockerRuntime(settings, registry)
     metrics = SwapperMetrics(scheduler.snapshot)
     events = EventHub()
     scheduler.subscribe(events.publish)
+    scheduler.subscribe(metrics.scheduler_event)
     driver = Driver(scheduler, runtime, registry, settings, metrics)
     admission = Admission(scheduler, driver, metrics)
     forwarder = Forwarder(admission, settings)
@@ -66,5 +69,10 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     install_error_handlers(app)
     for bp in (routes.status, routes.control, routes.traffic):
         app.register_blueprint(bp)
-    app.wsgi_app = EndsLeases(app.wsgi_app)  # outermost: where every request's leases end
+    app.wsgi_app = EndsLeases(app.wsgi_app)  # where every request's leases end
+    # Outermost: Host checked (the compose service name, loopback names, IP
+    # addresses, ALLOWED_HOSTS), browsers from other origins refused, backends'
+    # CORS fields dropped (common.origins). The proxy sends no browser fields.
+    app.wsgi_app = OriginGuard(app.wsgi_app,
+                               allowed_hosts=("swapper",) + split_list(settings.ALLOWED_HOSTS))
     return app

@@ -111,7 +111,8 @@ class Admission:
     def queue(self, model: str, environ: dict, count: int = 1) -> list[Lease]:
         """Queue `count` requests for `model` without waiting, listed in the
         request's `environ` (EndsLeases ends them). Raises ApiError (queue full)."""
-        leases = [Lease(self, t) for t in self._submit(model, count)]
+        leases = [Lease(self, t) for t in self._submit(model, count, environ.get(SESSION),
+                                                        environ.get(OPERATOR, False))]
         environ.setdefault(LEASES, []).extend(leases)
         return leases
 
@@ -130,9 +131,10 @@ class Admission:
         """Queue an unload behind what is waiting; return once it is done."""
         self._wait(self._submit(None, 1)[0], environ)
 
-    def _submit(self, model: str | None, count: int) -> list[Ticket]:
+    def _submit(self, model: str | None, count: int, session: str | None = None,
+                operator: bool = False) -> list[Ticket]:
         try:
-            return self.scheduler.submit_many(model, count)
+            return self.scheduler.submit_many(model, count, session, operator)
         except QueueFull as e:
             self.metrics.rejected("queue_full")
             raise failure("queue_full", str(e),
@@ -163,6 +165,8 @@ class Admission:
 
 
 LEASES = "swapper.leases"           # environ key: the request's leases
+SESSION = "swapper.session"         # environ key: its agent session (swapper/sessions.py)
+OPERATOR = "swapper.operator"       # environ key: an operator's load (no hold delays it)
 
 
 class EndsLeases:
@@ -207,6 +211,11 @@ def waiting_for(snapshot: dict, model: str) -> str:
     if resident == model and phase == "ready":
         return (f"waiting for a free slot of {model} ({snapshot['in_flight']} in flight, "
                 f"{snapshot['queued']} queued)")
+    hold = snapshot.get("hold")
+    if resident and phase == "ready" and hold:
+        return (f"waiting: {resident} is held for {hold['sessions']} agent session(s) "
+                f"up to {hold['until_seconds']:g} s more (its quantum ends in "
+                f"{hold['quantum_ends_in']:g} s), then {hold['waiting_model'] or model} loads")
     if resident and phase in ("ready", "stopping"):
         return (f"waiting for {resident} to finish its {snapshot['in_flight']} request(s) "
                 f"and unload before {model} loads")

@@ -52,6 +52,19 @@ class SwapperMetrics:
             "swapper_swap_seconds", "Seconds from the start of the resident model's stop "
             "to the next model being ready, by the model swapped in.", ("model",),
             buckets=common.LOAD_BUCKETS, registry=r)
+        self._load_causes = Counter(
+            "swapper_load_causes", "Loads started, by model and cause (request, operator: "
+            "/load or the console, restart: after a crash or a failed load).",
+            ("model", "cause"), registry=r)
+        self._stops = Counter(
+            "swapper_stops", "Backends stopped, by model and cause (swap: drained, nothing "
+            "held it; quantum: its sessions were still coming when another model's wait "
+            "reached the quantum; operator, unload, idle, crash).", ("model", "cause"),
+            registry=r)
+        self._holds = Counter(
+            "swapper_holds", "Holds while another model waited, by outcome (used: a held "
+            "session's next request went first; expired; quantum; broken by other_model, "
+            "client_gone, failed).", ("outcome",), registry=r)
         self._crashes = Counter(
             "swapper_crashes", "Backends found dead.", ("model",), registry=r)
         self._mapped = Counter(
@@ -130,6 +143,15 @@ class SwapperMetrics:
         with self._lock:
             self._last_stop = (model, now - seconds, now)
 
+    def scheduler_event(self, event: str, fields: dict) -> None:
+        """A scheduler listener: the swap policy's series (causes and holds)."""
+        if event == "load_started" and fields.get("cause"):
+            self._load_causes.labels(fields["model"], fields["cause"]).inc()
+        elif event == "stop":
+            self._stops.labels(fields["model"], fields["cause"]).inc()
+        elif event in _HOLD_OUTCOMES:
+            self._holds.labels(_HOLD_OUTCOMES[event] or fields.get("reason", "broken")).inc()
+
     def crashed(self, model: str) -> None:
         """The resident backend was found dead."""
         self._crashes.labels(model).inc()
@@ -156,6 +178,10 @@ class SwapperMetrics:
 
     def response(self):
         return common.response(self.collectors)
+
+
+_HOLD_OUTCOMES = {"hold_used": "used", "hold_expired": "expired", "quantum_spent": "quantum",
+                  "hold_broken": None}       # None: the event's reason
 
 
 class _SchedulerCollector:

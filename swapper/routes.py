@@ -21,8 +21,9 @@ from common.streaming import NO_BUFFERING
 
 from . import intake
 from .fanout import FANOUT_PATHS, requested_n, serves_natively
-from .lease import Lease
+from .lease import OPERATOR, SESSION, Lease
 from .registry import ModelSpec
+from .sessions import session_of
 
 status = Blueprint("status", __name__)
 control = Blueprint("control", __name__)
@@ -50,11 +51,13 @@ def resolve(name: str | None, **resident) -> ModelSpec:
     return spec
 
 
-def refuse_head(what: str) -> None:
-    """A HEAD must not act (Flask answers HEAD on every GET route)."""
-    if request.method == "HEAD":
-        raise ApiError(f"{request.path} {what}: use POST (HEAD changes nothing)", 405,
-                       headers={"Allow": "GET, POST"})
+def refuse_read(what: str, instead: str) -> None:
+    """A state change acts on POST only: a GET or HEAD (a link, an <img>, a
+    prefetch: anything a web page can make a browser send) changes nothing."""
+    if request.method in ("GET", "HEAD"):
+        raise ApiError(f"{request.method} {request.path} changes nothing: POST {what} "
+                       f"({instead})", 405, code="method_not_allowed",
+                       headers={"Allow": "POST"})
 
 
 def described(spec: ModelSpec) -> dict:
@@ -128,6 +131,7 @@ def router_model() -> ModelSpec:
 @control.post("/models/load")
 def router_load():
     spec = router_model()
+    request.environ[OPERATOR] = True
     parts().admission.admit(spec.id, request.environ).finish(200)
     return jsonify({"success": True, "model": spec.id})
 
@@ -144,10 +148,11 @@ def router_unload():
 @control.route("/load", methods=["GET", "POST"])
 @control.route("/load/<path:name>", methods=["GET", "POST"])
 def load(name: str | None = None):
-    refuse_head("loads a model")
+    refuse_read("/load/<model> loads a model", "GET /running shows what is loaded")
     sw = parts()
     spec = resolve(intake.load_target(name, request.get_data(cache=False)))
     t0 = time.monotonic()
+    request.environ[OPERATOR] = True        # the operator's decision: no hold delays it
     lease = sw.admission.admit(spec.id, request.environ)
     seconds = round(time.monotonic() - t0, 3)
     upstream_status = _health_status(lease, spec)
@@ -159,7 +164,7 @@ def load(name: str | None = None):
 
 @control.route("/unload", methods=["GET", "POST"])
 def unload():
-    refuse_head("unloads the model")
+    refuse_read("/unload unloads the model", "GET /running shows what is loaded")
     sw = parts()
     previous = sw.scheduler.model
     sw.admission.unload(request.environ)
@@ -199,10 +204,14 @@ def _health_status(lease: Lease, spec: ModelSpec) -> int | None:
 @traffic.route("/upstream/<name>", defaults={"path": ""}, methods=TRAFFIC_METHODS)
 @traffic.route("/upstream/<name>/<rest:path>", methods=TRAFFIC_METHODS)
 def upstream(name: str, path: str):
-    """Anything on a model's backend, as sent: /upstream/<model>/<target>."""
+    """A read-only path of a model's backend, as sent: /upstream/<model>/<target>
+    (intake.UPSTREAM_ROUTES; anything else is refused before it is admitted)."""
     spec = resolve(name)
-    return _pass_through(spec, *guard.raw_tail(request.environ, 2),
-                         request.get_data(cache=False))
+    tail, query = guard.raw_tail(request.environ, 2)
+    if request.method == "OPTIONS" and (allowed := intake.upstream_methods(tail)):
+        return Response(status=204, headers={"Allow": ", ".join(allowed)})
+    intake.check_upstream(tail, request.method)
+    return _pass_through(spec, tail, query, request.get_data(cache=False))
 
 
 @traffic.route("/v1/<rest:path>", methods=TRAFFIC_METHODS)
@@ -224,6 +233,7 @@ def v1(path: str):
         sw.metrics.mapped(p.match, spec.id)
     intake.require_vision(spec.id, spec.vision, parsed.route, parsed.payload)
     payload = parsed.payload
+    request.environ[SESSION] = session_of(request.headers, payload, request.remote_addr)
     tail, query = guard.raw_tail(request.environ, 1)
     target = "v1/" + tail
     stream = payload is not None and payload.get("stream") is True
@@ -245,6 +255,10 @@ def v1(path: str):
 
 def _pass_through(spec: ModelSpec, target: str, query: str, body: bytes, headers=None,
                   stream: bool = False):
+    if request.method == "HEAD" and parts().scheduler.model != spec.id:
+        # A HEAD reads; it never loads or swaps a model (GET or POST does).
+        raise ApiError(f"HEAD never loads a model: '{spec.id}' is not loaded", 409,
+                       code="model_not_loaded")
     return parts().forwarder.forward(spec.id, request.method, target, query,
                                      request.headers if headers is None else headers,
                                      body or None, request.environ, stream)

@@ -18,9 +18,27 @@ Policy
   waits. Once a request for another model (or an unload) waits, later requests
   for the resident model wait behind it (no starvation).
 - When the epoch has no waiting and no in-flight requests and something else
-  waits, the resident model is stopped (drained by construction) and the
-  model of the oldest waiting request is loaded; every waiting request for that
-  model joins the new epoch (A B A B -> A A B B, grouped by model).
+  waits, the resident model is stopped (drained by construction) and the next
+  model is loaded; every waiting request for that model joins the new epoch
+  (A B A B -> A A B B, grouped by model).
+- Holds (policy "hold", the default; "fifo" is the policy without them). A
+  request that ends well on the resident model gives its *session* (the agent
+  that sent it, swapper/sessions.py) a hold of `hold` seconds: that session's
+  next request for the resident model joins the epoch although other models
+  wait, and the resident model is not stopped while a hold runs. An agent's turn
+  (answer, tool call, next request) so stays on the model it started on. Holds
+  end early: the session asks for another model, hangs up or fails; an operator
+  `/load` of another model or an `/unload` waits; and when the *quantum* is
+  spent: other models' requests have waited `quantum_factor` x the next model's
+  expected load time (clamped to [quantum_min, quantum_max]), counted from when
+  the resident model was ready at the earliest. So the time lost to loads stays
+  about 1 / (1 + quantum_factor) of the GPU's time at most, and no request waits
+  longer than the quantum, the resident's in-flight requests and its own load.
+- Which model next (hold policy): an operator's load or unload first; else the
+  model whose requests have waited most in all (the sum of their ages), per
+  second of its expected load; a request that has waited quantum_max goes first
+  whatever; the resident model, whose quantum just ended, only when no other
+  model waits. fifo: the model of the oldest waiting request.
 - A failed load fails the requests of its epoch with the error. A crash of the
   resident model removes its container; waiting requests trigger a reload,
   delayed by an exponential backoff while the model keeps failing.
@@ -60,6 +78,26 @@ class Cancelled(SchedulerError):
     pass
 
 
+HOLD, FIFO = "hold", "fifo"
+
+
+@dataclass(frozen=True)
+class SwapPolicy:
+    """How long a model is kept for its agents' next turns (see the module)."""
+    name: str = HOLD
+    hold: float = 10.0              # seconds a session's next request goes first
+    quantum_factor: float = 3.0     # x the waiting model's expected load time
+    quantum_min: float = 5.0
+    quantum_max: float = 300.0
+    unknown_load: float = 10.0      # the expected load time of a model never loaded
+    max_holds: int = 256            # sessions held at once (more: no new holds)
+
+    @classmethod
+    def from_settings(cls, s) -> "SwapPolicy":
+        return cls(name=s.SWAP_POLICY, hold=s.HOLD_SECONDS, quantum_factor=s.QUANTUM_FACTOR,
+                   quantum_min=s.QUANTUM_MIN_SECONDS, quantum_max=s.QUANTUM_MAX_SECONDS)
+
+
 IDLE, LOADING, READY, STOPPING = "idle", "loading", "ready", "stopping"
 
 # The event each phase change publishes (for the model that phase is about).
@@ -71,6 +109,8 @@ class Ticket:
     """One request's place in line. `model` None means "unload"."""
     seq: int
     model: str | None
+    session: str | None = None      # the agent that sent it (None: no holds)
+    urgent: bool = False            # an operator's load: no hold or quantum delays it
     epoch: int | None = None
     state: str = "waiting"          # waiting | admitted | done | failed | cancelled
     error: SchedulerError | None = None
@@ -91,6 +131,10 @@ class Action:
     model: str
     epoch: int
     delay: float = 0.0              # backoff before a load, seconds
+    # Why: a load's "request" | "operator" | "restart"; a stop's "swap" (nothing
+    # held the resident model), "quantum" (its sessions were still coming),
+    # "operator", "unload", "idle", "crash".
+    cause: str = "request"
     # On a stop: the model that waits first (likely the next load), so the
     # driver can create its container while this one stops. A hint only: the
     # next load action is what counts.
@@ -101,8 +145,9 @@ class Scheduler:
     def __init__(self, slots: Callable[[str], int], max_queue: int = 64,
                  backoff_base: float = 1.0, backoff_max: float = 60.0,
                  clock: Callable[[], float] = time.monotonic,
-                 load_times: LoadTimes | None = None):
+                 load_times: LoadTimes | None = None, policy: SwapPolicy | None = None):
         self._slots = slots
+        self.policy = policy or SwapPolicy()
         self.max_queue = max_queue
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
@@ -136,26 +181,42 @@ class Scheduler:
         self._download_jobs: list[str] = []        # downloads for the downloader to start
         self._download_started: dict[str, float] = {}
         self._listeners: list[Callable[[str, dict], None]] = []
+        # Holds (see the module): session -> when its hold ends, for the resident
+        # epoch only (cleared whenever the phase changes).
+        self._holds: dict[str, float] = {}
+        self._wake_at: float | None = None     # when a running hold or quantum ends
+        self._holding_since: float | None = None
+        self._stopped: str | None = None       # the model stopped last
+        self._load_cause = "request"           # why the running load was started
 
     # ---------------------------------------------------------------- requests
-    def submit(self, model: str | None) -> Ticket:
-        """Queue a request for `model` (None = unload). Raises QueueFull."""
-        return self.submit_many(model, 1)[0]
+    def submit(self, model: str | None, session: str | None = None,
+               urgent: bool = False) -> Ticket:
+        """Queue a request for `model` (None = unload) from `session` (the agent
+        that sent it; None: it neither holds nor uses holds); `urgent`: an
+        operator's load. Raises QueueFull."""
+        return self.submit_many(model, 1, session, urgent)[0]
 
-    def submit_many(self, model: str | None, count: int) -> list[Ticket]:
+    def submit_many(self, model: str | None, count: int, session: str | None = None,
+                    urgent: bool = False) -> list[Ticket]:
         """Queue `count` requests for `model` at once, so they land in the same
         epoch (the members of one fan-out). Raises QueueFull for all of them."""
         with self._cv:
             if len(self._queue) + count > self.max_queue:
                 raise QueueFull(len(self._queue))
+            if session is not None and model != self.model:
+                self._break_hold(session, "other_model")   # its turn moved on
             joins = model is not None and model == self.model and (
-                self.phase == LOADING or (self.phase == READY and not self._others_waiting()))
+                self.phase == LOADING or (self.phase == READY and (
+                    not self._others_waiting() or self._in_turn(session))))
+            if joins and self.phase == READY and self._others_waiting():
+                self._emit("hold_used", model=model, session=_short(session))
             if model is not None and model in self._missing and model not in self.downloads:
                 self._start_download(model)
             tickets = []
             now = self._clock()
             for _ in range(count):
-                t = Ticket(next(self._seq), model, queued_at=now)
+                t = Ticket(next(self._seq), model, session, urgent, queued_at=now)
                 if joins:
                     t.epoch = self.epoch
                 self._queue.append(t)
@@ -176,6 +237,8 @@ class Scheduler:
     def cancel(self, ticket: Ticket) -> None:
         """The client went away: leave the queue, or give the slot back."""
         with self._cv:
+            if ticket.session is not None:
+                self._break_hold(ticket.session, "client_gone")
             if ticket.state == "waiting" and ticket in self._queue:
                 self._queue.remove(ticket)
                 ticket.state = "cancelled"
@@ -196,19 +259,49 @@ class Scheduler:
             return
         self._active.discard(ticket)
         ticket.state = "done"
-        self.last_activity = self._clock()
+        now = self.last_activity = self._clock()
         if ok and ticket.model:
             self._failures.pop(ticket.model, None)
+        if ticket.session is not None:
+            if not ok:
+                self._break_hold(ticket.session, "failed")
+            elif (self.policy.name == HOLD and self.phase == READY
+                  and ticket.model == self.model and ticket.epoch == self.epoch
+                  and (ticket.session in self._holds or len(self._holds) < self.policy.max_holds)):
+                self._holds[ticket.session] = now + self.policy.hold
         self._schedule()
 
     # ------------------------------------------------------------------ driver
     def next_action(self, timeout: float | None = None) -> Action | None:
         """The driver's next job, waiting up to `timeout` for one."""
         with self._cv:
+            self._tick()
             if self._action is None:
-                self._cv.wait_for(lambda: self._action is not None, timeout)
+                # A running hold or quantum ends at _wake_at: wake for it.
+                end = None if timeout is None else time.monotonic() + timeout
+                while self._action is None:
+                    left = None if end is None else end - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    wake = self._wake_in()
+                    self._cv.wait(left if wake is None else
+                                  wake if left is None else min(left, wake))
+                    self._tick()
             action, self._action = self._action, None
             return action
+
+    def tick(self) -> None:
+        """Apply the policy now (a hold or quantum may have ended): the driver's
+        next_action does this itself; tests with a hand-driven clock call it."""
+        with self._cv:
+            self._tick()
+
+    def _tick(self) -> None:
+        if self._wake_at is not None and self._clock() >= self._wake_at:
+            self._schedule()
+
+    def _wake_in(self) -> float | None:
+        return None if self._wake_at is None else max(0.0, self._wake_at - self._clock())
 
     def load_done(self, epoch: int, backend: Any = None, error: LoadFailed | None = None) -> None:
         """The load of `epoch` ended: ready (its time, from `loading` less a
@@ -258,7 +351,7 @@ class Scheduler:
                 if t.epoch == self.epoch:
                     t.epoch = None          # they will trigger a reload
             self._emit("crashed", model=model, reason=reason)
-            self._start_stop()
+            self._start_stop("crash")
             return True
 
     def expire_idle(self, ttl: float) -> bool:
@@ -267,7 +360,7 @@ class Scheduler:
             if (ttl > 0 and self.phase == READY and not self._active and not self._eligible()
                     and self._clock() - self.last_activity >= ttl):
                 self._emit("idle_unload", model=self.model, idle_seconds=ttl)
-                self._start_stop()
+                self._start_stop("idle")
                 return True
             return False
 
@@ -401,7 +494,21 @@ class Scheduler:
                 "expected_seconds": self.load_times.expected(self.model)
                 if self.phase == LOADING else None,
                 "last_swap_seconds": self.last_swap_seconds,
+                "policy": self.policy.name,
+                "hold": self._hold_status(),
             }
+
+    def _hold_status(self) -> dict | None:
+        """While holds keep the resident model from other models' requests:
+        how many sessions, until when at most, when the quantum ends."""
+        if self._holding_since is None or self._wake_at is None or not self._holds:
+            return None
+        now = self._clock()
+        queue = self._eligible()
+        return {"sessions": len(self._holds),
+                "until_seconds": round(max(0.0, max(self._holds.values()) - now), 1),
+                "quantum_ends_in": round(max(0.0, self._quantum_end(queue) - now), 1),
+                "waiting_model": self._next_model(queue) if queue else None}
 
     def _eta(self, model: str, elapsed: float) -> dict:
         """{expected_seconds, eta_seconds} of a load of `model` running `elapsed`
@@ -426,6 +533,7 @@ class Scheduler:
 
     def _schedule(self) -> None:
         """Apply the policy after any change. Called with the lock held."""
+        self._wake_at = None
         queue = self._eligible()
         if self.phase == READY:
             slots = self._slots(self.model)
@@ -438,30 +546,127 @@ class Scheduler:
                     in_epoch += 1
             queue = self._eligible()
             if in_epoch == 0 and queue and not any(t.epoch == self.epoch for t in queue):
-                head = queue[0]
-                if head.model == self.model:
+                if self._held(queue):
+                    return                  # its sessions' next turns go first
+                model = self._next_model(queue)
+                if model == self.model:
                     # What waited behind a cancelled swap: a new epoch, no swap needed.
                     self.epoch += 1
                     self._join_epoch(self.model)
                     self._schedule()
                 else:
-                    self._start_stop()
+                    self._start_stop(self._stop_cause(queue))
         elif self.phase == IDLE:
             self._finish_unloads()
             queue = self._eligible()
             if not queue:
                 self._swap_t0 = None        # an unload: no load followed the stop
             if queue:
-                model = queue[0].model
+                model = self._next_model(queue)
+                urgent = any(t.urgent for t in queue if t.model == model)
+                failures = self._failures.get(model, 0)
+                self._load_cause = "operator" if urgent else "restart" if failures else "request"
                 self.epoch += 1
                 self._set_phase(LOADING, model)
                 self._join_epoch(model)
-                failures = self._failures.get(model, 0)
                 delay = 0.0 if not failures else min(
                     self.backoff_base * 2 ** (failures - 1), self.backoff_max)
                 self._load_delay = delay
-                self._post(Action("load", model, self.epoch, delay))
+                self._post(Action("load", model, self.epoch, delay, cause=self._load_cause))
         # LOADING and STOPPING wait for the driver.
+
+    # ------------------------------------------------------------- holds
+    def _in_turn(self, session: str | None) -> bool:
+        """May a request of `session` for the ready model join its epoch while
+        other models wait? While its hold runs or it has a request in flight,
+        within the quantum, with no operator's action waiting."""
+        if self.policy.name != HOLD or session is None:
+            return False
+        now = self._clock()
+        if not (self._holds.get(session, 0.0) > now
+                or any(t.session == session and t.epoch == self.epoch for t in self._active)):
+            return False
+        queue = self._eligible()
+        return not self._operator_waits(queue) and now < self._quantum_end(queue)
+
+    def _held(self, queue: list[Ticket]) -> bool:
+        """Does a running hold keep the drained resident model while `queue`
+        (other models') waits? Sets _wake_at to when that stops being so."""
+        if (self.policy.name != HOLD or not self._holds or self._operator_waits(queue)
+                or all(t.model == self.model for t in queue)):
+            self._holding_since = None
+            return False
+        now = self._clock()
+        for session, until in list(self._holds.items()):
+            if until <= now:
+                del self._holds[session]
+                if self._holding_since is not None:
+                    self._emit("hold_expired", model=self.model, session=_short(session))
+        quantum_end = self._quantum_end(queue)
+        if not self._holds or now >= quantum_end:
+            return False
+        self._wake_at = min(max(self._holds.values()), quantum_end)
+        if self._holding_since is None:
+            self._holding_since = now
+            self._emit("holding", model=self.model, sessions=len(self._holds),
+                       until_seconds=round(max(self._holds.values()) - now, 1),
+                       quantum_ends_in=round(quantum_end - now, 1),
+                       waiting=self._next_model(queue))
+        return True
+
+    def _stop_cause(self, queue: list[Ticket]) -> str:
+        if any(t.model is None for t in queue):
+            return "unload"
+        if self._operator_waits(queue):
+            return "operator"
+        if self._holds and self.policy.name == HOLD:
+            self._emit("quantum_spent", model=self.model, sessions=len(self._holds))
+            return "quantum"
+        return "swap"
+
+    @staticmethod
+    def _operator_waits(queue: list[Ticket]) -> bool:
+        return any(t.urgent or t.model is None for t in queue)
+
+    def _expected_load(self, model: str | None) -> float:
+        exp = self.load_times.expected(model)
+        return self.policy.unknown_load if exp is None else exp
+
+    def _quantum_end(self, queue: list[Ticket]) -> float:
+        """When the resident model's stint ends for the models waiting in
+        `queue`: the quantum, priced by the next model's load, counted from the
+        oldest wait, but not from before the resident model was ready."""
+        others = [t for t in queue if t.model != self.model or t.epoch != self.epoch]
+        if not others:
+            return float("inf")
+        p = self.policy
+        quantum = min(max(p.quantum_factor * self._expected_load(self._next_model(others)),
+                          p.quantum_min), p.quantum_max)
+        start = max(self.since if self.phase == READY else self._clock(),
+                    min(t.queued_at for t in others))
+        return start + quantum
+
+    def _next_model(self, queue: list[Ticket]) -> str | None:
+        """The model to serve next among those waiting (see the module)."""
+        if self.policy.name != HOLD:
+            return queue[0].model
+        operator = [t for t in queue if t.urgent or t.model is None]
+        if operator:
+            return operator[0].model
+        now = self._clock()
+        if now - queue[0].queued_at >= self.policy.quantum_max:
+            return queue[0].model           # waited long enough: first, whatever
+        ages: dict[str, float] = {}
+        for t in queue:
+            ages[t.model] = ages.get(t.model, 0.0) + (now - t.queued_at) + 1.0
+        if len(ages) > 1:                   # its quantum ended: others first
+            ages.pop(self.model if self.phase != IDLE else self._stopped, None)
+        # Highest waiting per second of load; ties: the oldest (dict order).
+        return max(ages, key=lambda m: ages[m] / max(1.0, self._expected_load(m)))
+
+    def _break_hold(self, session: str, why: str) -> None:
+        if self._holds.pop(session, None) is not None:
+            self._emit("hold_broken", model=self.model, session=_short(session), reason=why)
 
     def _admit(self, t: Ticket) -> None:
         self._queue.remove(t)
@@ -476,18 +681,20 @@ class Scheduler:
             if t.model == model:
                 t.epoch = self.epoch
 
-    def _start_stop(self) -> None:
+    def _start_stop(self, cause: str) -> None:
         model = self.model
+        queue = [t for t in self._eligible() if t.model is not None]
+        waiting = self._next_model(queue) if queue else None
         self._set_phase(STOPPING, model)
+        self._stopped = model
         self._swap_t0 = (self.since, model)     # a swap when another model's load follows
-        waiting = next((t.model for t in self._eligible() if t.model is not None), None)
-        self._post(Action("stop", model, self.epoch, next_model=waiting))
+        self._emit("stop", model=model, cause=cause, next_model=waiting)
+        self._post(Action("stop", model, self.epoch, next_model=waiting, cause=cause))
 
     def _finish_unloads(self) -> None:
-        """Unloads at the head of the queue (behind parked requests only) are done."""
-        for t in list(self._eligible()):
-            if t.model is not None:
-                break
+        """Nothing is resident: every unload waiting is done (an operator's
+        unload acts at once; what waits behind it loads next)."""
+        for t in [t for t in self._queue if t.model is None]:
             self._queue.remove(t)
             t.state = "done"
             t.event.set()
@@ -495,11 +702,15 @@ class Scheduler:
     def _set_phase(self, phase: str, model: str | None) -> None:
         old, old_since = (self.phase, self.model), self.since
         self.phase, self.model = phase, model
+        if old != (phase, model):
+            self._holds.clear()             # holds belong to one residency
+            self._holding_since = self._wake_at = None
         self.since = self._clock()
         if phase != LOADING:
             self.progress = {}
         if old != (phase, model):
-            extra = self._eta(model, 0.0) if phase == LOADING else {}
+            extra = {**self._eta(model, 0.0), "cause": self._load_cause} \
+                if phase == LOADING else {}
             self._emit(PHASE_EVENTS[phase], model=model or old[1], previous=old[0],
                        seconds=round(self.since - old_since, 3), **extra)
 
@@ -530,6 +741,11 @@ class Scheduler:
             self._backend = backend
             self._set_phase(READY, model)
             self._schedule()
+
+
+def _short(session: str | None) -> str | None:
+    """A session as events and /running show it (its key is already a digest)."""
+    return None if session is None else session[:12]
 
 
 def _count(items) -> dict:

@@ -19,10 +19,24 @@ _REPO_SCRIPTS = _REPO_BACKENDS.parent / "scripts"
 class Settings:
     SWAPPER_HOST: str = setting("0.0.0.0")
     SWAPPER_PORT: int = setting(9000, **PORT)
+    # Host names it answers for besides `swapper` (its compose service name),
+    # loopback names and IP addresses (comma-separated; "*": any); else 421.
+    ALLOWED_HOSTS: str = ""
     BACKENDS_DIR: str = setting(str(_REPO_BACKENDS))
     DEFAULT_MODEL: str | None = setting(None)
     STACK_NAME: str = setting("coding-stack")
     MAX_QUEUE: int = setting(64, min=1)
+    # The swap policy (swapper/scheduler.py; README "How swapping and queueing
+    # behave"). hold: an agent session's next request within HOLD_SECONDS goes
+    # before other models' waiting requests, for at most a quantum of
+    # QUANTUM_FACTOR x the waiting model's expected load time, clamped to
+    # [QUANTUM_MIN_SECONDS, QUANTUM_MAX_SECONDS]. fifo: swap as soon as the
+    # resident model is drained (no holds).
+    SWAP_POLICY: str = setting("hold", choices=("hold", "fifo"))
+    HOLD_SECONDS: float = setting(10.0, min=0)
+    QUANTUM_FACTOR: float = setting(3.0, min=0)
+    QUANTUM_MIN_SECONDS: float = setting(5.0, min=0)
+    QUANTUM_MAX_SECONDS: float = setting(300.0, min=0)
     # Where the backend's internal port is published on the host (direct access).
     BACKEND_PUBLISH_PORT: int = setting(18080, **PORT)
     BACKEND_BIND: str = setting("127.0.0.1")
