@@ -11,6 +11,11 @@ anything is queued, loaded or evicted.
   when there is one, else to the default model: it never causes a swap.
 - Image parts sent to a model whose registry entry lacks `vision: true` are a
   400 (a text-only llama-server answers them with a 500).
+- `/upstream/<model>/<path>` forwards the backend's read-only paths only
+  (UPSTREAM_ROUTES): slot actions (save, restore, erase), `POST /props` and any
+  other admin path are the swapper's alone (403), refused before anything is
+  admitted or loaded; an OPTIONS is answered here, a HEAD refused (405): neither
+  ever loads a model.
 """
 from __future__ import annotations
 
@@ -43,6 +48,49 @@ V1_ROUTES: dict[str, frozenset[str]] = {
 _COMPILED = [(re.compile(p + r"/?"), p, m) for p, m in V1_ROUTES.items()]
 # Multipart uploads: the model is not read from them (it goes to the resident model).
 _NOT_JSON = ("audio/transcriptions", "audio/translations")
+
+
+# /upstream/<model>/<path>: the path exactly as sent (no percent-encoding, no
+# trailing slash) -> methods forwarded. Read-only: the slot actions
+# (`slots/<id>?action=save|restore|erase`) write, read back and erase files of the
+# KV-cache folder and other sessions' prompt caches; they are the swapper's
+# (swapper/kvcache.py) and never a client's.
+UPSTREAM_ROUTES: dict[str, frozenset[str]] = {
+    "health": frozenset({"GET"}),
+    "v1/health": frozenset({"GET"}),
+    "props": frozenset({"GET"}),
+    "slots": frozenset({"GET"}),
+    "metrics": frozenset({"GET"}),
+    "models": frozenset({"GET"}),
+    "v1/models": frozenset({"GET"}),
+    "tokenize": frozenset({"POST"}),
+    "detokenize": frozenset({"POST"}),
+    "apply-template": frozenset({"POST"}),
+}
+
+
+def upstream_methods(raw_path: str) -> list[str] | None:
+    """Methods /upstream/<model>/`raw_path` answers (OPTIONS: answered by the
+    swapper), None when that path is not forwarded."""
+    methods = UPSTREAM_ROUTES.get(raw_path)
+    return sorted(methods | {"OPTIONS"}) if methods else None
+
+
+def check_upstream(raw_path: str, method: str) -> None:
+    """Refuse an /upstream request that is not a read-only path of the backend
+    (403), or a method that path does not take (405), in the envelope."""
+    methods = UPSTREAM_ROUTES.get(raw_path)
+    if methods is None:
+        served = "; ".join(f"{' '.join(sorted(m))} {p}" for p, m in UPSTREAM_ROUTES.items())
+        raise ApiError(f"/upstream/<model>/{raw_path[:100]} is not forwarded: /upstream serves "
+                       f"the backend's read-only paths only ({served}); slot actions and "
+                       "other admin paths are the swapper's", 403, code="upstream_forbidden",
+                       type_="permission_error")
+    if method not in methods:
+        allow = ", ".join(sorted(methods | {"OPTIONS"}))
+        raise ApiError(f"method {method} is not allowed on /upstream/<model>/{raw_path}; use "
+                       f"{' or '.join(sorted(methods))}", 405, code="method_not_allowed",
+                       headers={"Allow": allow})
 
 
 @dataclass

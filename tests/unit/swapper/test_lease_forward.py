@@ -77,14 +77,16 @@ def test_answer_read_to_the_end_frees_the_slot(chat):
     assert settled(app)["in_flight"] == 0
 
 
-def test_head_never_reads_the_body_and_still_frees_the_slot(chat):
-    """Issue 9.1: HEAD held a slot for good (the body, never read, released it)."""
-    app, _ = make_app({"tiny-a": chat.url})
+def test_head_never_holds_a_slot_nor_loads(chat):
+    """Issue 9.1: HEAD held a slot for good (the body, never read, released it);
+    issue 28: a HEAD loaded the model. /upstream refuses it before admission."""
+    app, runtime = make_app({"tiny-a": chat.url})
     c = app.test_client()
     for _ in range(2):                           # the model's 2 slots
-        r = c.head("/upstream/tiny-a/anything", buffered=True)
-        assert r.status_code == 200
+        r = c.head("/upstream/tiny-a/health", buffered=True)
+        assert r.status_code == 405 and r.headers["Allow"] == "GET, OPTIONS"
     assert settled(app)["in_flight"] == 0
+    assert not [call for call in runtime.calls if call[0] == "start"]
     chat.script(Reply("after"))
     assert ask(c, "tiny-a").json["choices"][0]["message"]["content"] == "after"
 
