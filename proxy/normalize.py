@@ -173,6 +173,22 @@ def apply_token_floor(body: dict, floor: int | None,
     return changed
 
 
+def clamp_to_context(body: dict, most: int | None,
+                     keys=("max_tokens", "max_completion_tokens")) -> bool:
+    """Lower a limit above `most` (the model's context, where its backend refuses a
+    larger one) to it, so the agent's generous default (OpenCode 32000, Qwen Code
+    32768) is served instead of refused."""
+    if not most:
+        return False
+    changed = False
+    for key in keys:
+        v = body.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > most:
+            body[key] = most
+            changed = True
+    return changed
+
+
 # ---------------------------------------------------------------- response fixes
 
 def mirror_reasoning(d: dict) -> bool:

@@ -35,6 +35,7 @@ from common.streaming import forward_headers, relay, sse_response
 from .. import normalize
 from ..metrics import MODEL
 from ..search import rounds
+from ..search.engine import TOOL_NAME
 
 from ..upstream import Background, kept_alive, streamed, waited
 from . import anthropic, chat, responses
@@ -76,11 +77,11 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     if settings.INJECT_SYSTEM:
         changed |= m.system_prompt(
             body, lambda: info().get("system_prompt") or settings.SYSTEM_PROMPT)
-    tool, stripped = m.search_tool(body, settings)   # before the floor: a tool too
+    own = bool(body.get("tools"))       # the client's tools, before ours
+    tool, stripped = m.search_tool(body, settings) if own or \
+        not _small(body, m, settings, info) else (None, False)
     changed |= stripped
-    if body.get("tools") and any(isinstance(body.get(k), int) for k in m.FLOOR_KEYS):
-        floor = info().get("max_tokens_floor") or settings.TOOL_MAX_TOKENS_FLOOR
-        changed |= normalize.apply_token_floor(body, floor, keys=m.FLOOR_KEYS)
+    changed |= _budget(m, body, own and bool(body.get("tools")), settings, info)
     stream = bool(body.get("stream"))
     if tool is not None:
         ad = d.adapter(body, tool, parts, request)
@@ -112,6 +113,53 @@ def handle(d: Dialect, parts: dict, request) -> Response:
         return error_answer(r)
     return relay(r, body=m.straight_stream(
         kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body, names))
+
+
+def _budget(m, body: dict, own_tools: bool, settings, info) -> bool:
+    """The client's own budget, as it asked (before our tool is added: the stack's
+    own tool never raises it): the floor when the client's own tools are present
+    (a tool call cut mid-argument is a 500 it cannot act on), and a limit above the
+    model's context clamped to it where the backend would refuse it (vLLM refuses
+    `max_tokens` > max_model_len and clamps a smaller one to what the prompt leaves
+    itself). True when the body changed."""
+    keys = m.FLOOR_KEYS
+    if not any(isinstance(body.get(k), int) for k in keys):
+        return False
+    changed = False
+    if own_tools:
+        floor = info().get("max_tokens_floor") or settings.TOOL_MAX_TOKENS_FLOOR
+        changed = normalize.apply_token_floor(body, floor, keys=keys)
+    return normalize.clamp_to_context(body, refused_above(info()), keys) or changed
+
+
+def refused_above(entry: dict) -> int | None:
+    """The largest output limit the model's backend accepts, when it refuses larger
+    ones (vLLM: `max_tokens` above its max_model_len is a 400): the registry's
+    `context_length` of a vLLM model (the swapper's /v1/models), or vLLM's own
+    `max_model_len` (a vLLM server as the upstream); None for llama-server, which
+    stops at the context's end instead."""
+    ctx = entry.get("max_model_len") if entry.get("kind") != "vllm" else \
+        entry.get("context_length")
+    return ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None
+
+
+def _small(body: dict, m, settings, info) -> bool:
+    """A request without tools of its own whose budget is below the floor (a title,
+    a probe): it gets no tool of ours, which could only cut its answer or cost the
+    time of a search it did not ask for. One that names web_search in `tool_choice`
+    asks for it: it gets it (with its budget as it is)."""
+    limits = [body[k] for k in m.FLOOR_KEYS if isinstance(body.get(k), int)]
+    if not limits or _names_search(body.get("tool_choice")):
+        return False
+    floor = info().get("max_tokens_floor") or settings.TOOL_MAX_TOKENS_FLOOR
+    return bool(floor) and min(limits) < floor
+
+
+def _names_search(tc) -> bool:
+    if not isinstance(tc, dict):
+        return False
+    fn = tc.get("function")
+    return (fn.get("name") if isinstance(fn, dict) else tc.get("name")) == TOOL_NAME
 
 
 def _late(m, task, body, environ, interval, names):

@@ -252,6 +252,16 @@ def test_system_prompt_and_token_floor_in_messages_shape(make_proxy, chat):
     assert d["max_tokens"] == 4000
 
 
+def test_a_max_tokens_above_a_vllm_context_is_clamped(make_proxy, chat):
+    """Claude Code asks for 32000 output tokens: vLLM (max_model_len 8192 here) would
+    refuse it; the backend gets the context's size."""
+    chat.models = [{"id": "v", "object": "model", "kind": "vllm", "context_length": 8192}]
+    proxy = make_proxy(WEB_SEARCH=False)
+    chat.script(Reply(content="a"))
+    client(proxy).messages.create(model="v", max_tokens=32000, messages=USER, tools=[BASH])
+    assert chat.requests[0]["max_tokens"] == 8192
+
+
 def test_search_off_strips_the_server_tool(make_proxy, chat, searx):
     proxy = make_proxy(WEB_SEARCH=False)
     chat.script(Reply(content="from memory"))

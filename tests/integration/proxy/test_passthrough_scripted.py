@@ -168,27 +168,66 @@ SEED_REGISTRY = [{"id": "qwen-38-27b", "object": "model", "aliases": ["qwen36"],
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_floor_applies_to_the_injected_web_search(make_proxy, chat, stream):
-    """The seed's guard: a web_search call cut mid-argument is the same llama.cpp 500 as a
-    client tool's, so a request that only carries the injected tool gets the floor too."""
+def test_the_injected_web_search_never_raises_the_budget(make_proxy, chat, stream):
+    """The client's budget is the client's: a title or probe call (a small max_tokens,
+    no tools of its own: Continue's 16-token title) gets no web_search of ours and
+    keeps its limit; a budget at the floor or above gets the tool and keeps its limit;
+    the floor (the registry's, else TOOL_MAX_TOKENS_FLOOR) still raises a small limit
+    when the client's own tools are there, web_search beside them. A small budget
+    that names web_search in tool_choice asks for it."""
     chat.models = SEED_REGISTRY
     proxy = make_proxy(TOOL_MAX_TOKENS_FLOOR=1000)
-    chat.script(Reply(content="x"), Reply(content="y"))
+    chat.script(*[Reply(content="x")] * 6)
     url = proxy + "/v1/chat/completions"
-    r = requests.post(url, json={"model": "qwen36", "messages": USER, "max_tokens": 16,
-                                 "stream": stream})
-    assert r.status_code == 200
-    assert r.content
-    r = requests.post(url, json={"model": "other", "messages": USER, "max_tokens": 16,
-                                 "max_completion_tokens": 20000, "stream": stream})
-    assert r.status_code == 200
-    assert r.content
-    seed, other = chat.requests
-    assert [t["function"]["name"] for t in seed["tools"]] == ["web_search"]
-    assert seed["max_tokens"] == 512, "the model's floor from the registry"
-    assert [t["function"]["name"] for t in other["tools"]] == ["web_search"]
-    assert other["max_tokens"] == 1000, "TOOL_MAX_TOKENS_FLOOR for a model without one"
-    assert other["max_completion_tokens"] == 20000, "a larger limit stands"
+    for body in ({"model": "qwen36", "max_tokens": 16},
+                 {"model": "other", "max_tokens": 16, "max_completion_tokens": 20000},
+                 {"model": "other", "max_tokens": 1000},
+                 {"model": "qwen36", "max_tokens": 16, "tools": TOOLS},
+                 {"model": "other", "max_completion_tokens": 10, "tools": TOOLS},
+                 {"model": "other", "max_tokens": 16, "tool_choice": {
+                     "type": "function", "function": {"name": "web_search"}}}):
+        r = requests.post(url, json={**body, "messages": USER, "stream": stream})
+        assert r.status_code == 200 and r.content
+    title, both, enough, seed, other, named = chat.requests
+    assert "tools" not in title and title["max_tokens"] == 16, "no tool, the limit kept"
+    assert "tools" not in both and (both["max_tokens"], both["max_completion_tokens"]) == \
+        (16, 20000), "the smaller of its limits is the budget"
+    assert [t["function"]["name"] for t in enough["tools"]] == ["web_search"]
+    assert enough["max_tokens"] == 1000, "a budget at the floor: our tool, its limit"
+    assert [t["function"]["name"] for t in seed["tools"]] == ["edit", "web_search"]
+    assert seed["max_tokens"] == 512, "the client's own tools: the model's floor"
+    assert other["max_completion_tokens"] == 1000, "TOOL_MAX_TOKENS_FLOOR without one"
+    assert [t["function"]["name"] for t in named["tools"]] == ["web_search"]
+    assert named["max_tokens"] == 16, "asked for by name: our tool, its budget"
+
+
+CONTEXTS = [{"id": "vllm-model", "object": "model", "kind": "vllm", "context_length": 2048},
+            {"id": "llama-model", "object": "model", "kind": "llamacpp",
+             "context_length": 2048},
+            {"id": "plain-vllm", "object": "model", "owned_by": "vllm", "max_model_len": 4096}]
+
+
+def test_a_limit_above_a_vllm_context_is_clamped(make_proxy, chat):
+    """vLLM refuses a max_tokens above its max_model_len with a 400 ("max_tokens=32000
+    cannot be greater than max_model_len=2048", vLLM 0.32) and clamps a smaller one
+    to what the prompt leaves; OpenCode sends 32000, Qwen Code 32768: the proxy
+    lowers such a limit to the context the registry gives (or vLLM's own /v1/models
+    max_model_len); llama-server, which stops at the context's end, gets it as sent."""
+    chat.models = CONTEXTS
+    proxy = make_proxy(WEB_SEARCH=False)
+    chat.script(*[Reply(content="x")] * 4)
+    url = proxy + "/v1/chat/completions"
+    for model, limits in (("vllm-model", {"max_tokens": 32000, "max_completion_tokens": 32768}),
+                          ("vllm-model", {"max_tokens": 2000}),
+                          ("llama-model", {"max_tokens": 32000}),
+                          ("plain-vllm", {"max_completion_tokens": 32768})):
+        r = requests.post(url, json={"model": model, "messages": USER, **limits})
+        assert r.status_code == 200
+    clamped, under, llama, plain = chat.requests
+    assert (clamped["max_tokens"], clamped["max_completion_tokens"]) == (2048, 2048)
+    assert under["max_tokens"] == 2000
+    assert llama["max_tokens"] == 32000
+    assert plain["max_completion_tokens"] == 4096
 
 
 def test_models_unreachable_does_not_fail_chat(make_proxy, chat):

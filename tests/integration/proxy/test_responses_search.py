@@ -172,6 +172,14 @@ def test_instructions_and_output_token_floor(make_proxy, chat):
     assert b["instructions"] == "Mine." and b["max_output_tokens"] == 20
 
 
+def test_an_output_limit_above_a_vllm_context_is_clamped(make_proxy, chat):
+    chat.models = [{"id": "v", "object": "model", "kind": "vllm", "context_length": 8192}]
+    proxy = make_proxy(WEB_SEARCH=False)
+    chat.script(Reply(content="a"))
+    client(proxy).responses.create(model="v", input="hi", max_output_tokens=32768)
+    assert chat.requests[0]["max_output_tokens"] == 8192
+
+
 def test_plain_request_passes_through(proxy, chat):
     chat.script(Reply(content="hello"))
     resp = client(proxy).responses.create(model="scripted-model", input="hi")

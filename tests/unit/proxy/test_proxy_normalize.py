@@ -33,6 +33,20 @@ def test_token_floor(body, floor, expect):
     assert body == expect
 
 
+@pytest.mark.parametrize("body,most,expect", [
+    ({"max_tokens": 32000}, 2048, {"max_tokens": 2048}),
+    ({"max_tokens": 2048, "max_completion_tokens": 32768}, 2048,
+     {"max_tokens": 2048, "max_completion_tokens": 2048}),
+    ({"max_tokens": 100}, 2048, {"max_tokens": 100}),
+    ({"max_tokens": 32000}, None, {"max_tokens": 32000}),
+    ({}, 2048, {}),
+])
+def test_clamp_to_context(body, most, expect):
+    changed = body != expect
+    assert normalize.clamp_to_context(body, most) is changed
+    assert body == expect
+
+
 def test_reasoning_mirrored_both_ways_full_response():
     for key, other in (("reasoning", "reasoning_content"), ("reasoning_content", "reasoning")):
         raw = json.dumps({"choices": [{"message": {"content": "a", key: "r"}}]}).encode()
