@@ -142,20 +142,24 @@ def build(stacks: dict[str, list[dict]], urls: dict[str, str], strategy: str = "
         "model_group_alias": aliases,
     }
     litellm = {"telemetry": False, "drop_params": False, "request_timeout": 1800}
+    general = {
+        "master_key": "os.environ/LITELLM_MASTER_KEY",
+        # LiteLLM's model health checks send completions (each could start a load):
+        # off. The plugin learns health from /healthz and /v1/models instead.
+        "background_health_checks": False,
+    }
     if strategy == "fleet":
         litellm["callbacks"] = ["routing.fleet_router"]
+        # the master key or a 401 (LiteLLM's own check: 400 "No connected db." for a
+        # wrong key when no database is configured)
+        general["custom_auth"] = "routing.fleet_auth"
     elif strategy != "simple-shuffle":
         router["routing_strategy"] = strategy
     return {
         "model_list": model_list,
         "router_settings": router,
         "litellm_settings": litellm,
-        "general_settings": {
-            "master_key": "os.environ/LITELLM_MASTER_KEY",
-            # LiteLLM's model health checks send completions (each could start a load):
-            # off. The plugin learns health from /healthz and /v1/models instead.
-            "background_health_checks": False,
-        },
+        "general_settings": general,
         "environment_variables": {
             "FLEET_STACKS": ",".join(f"{s}={urls[s].rstrip('/')}" for s in stacks),
             "FLEET_POLL_INTERVAL": str(poll),

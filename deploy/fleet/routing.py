@@ -22,6 +22,7 @@ the stack maps it to: "@resident", or a model id).
 """
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -94,7 +95,8 @@ def choose(model: str | None, stacks: list[str], status: dict[str, StackStatus],
            per_stack: dict[str, str | None] | None = None) -> str | None:
     """The stack (of `stacks`, those declaring `model`) to send the request to.
 
-    - the session's previous stack while it is up (its prompt cache is there);
+    - the stack that served this session's previous turn for this model, while it is
+      up (its prompt cache is there);
     - else the best ranked stack that is up (see `rank`), the first named on a tie;
     - None when no stack is known to be up (let LiteLLM try them all).
     `per_stack` overrides `model` per stack (a pattern each stack maps its own way)."""
@@ -245,13 +247,19 @@ class FleetRouter(CustomLogger):
     """Narrows a model group to the deployment on the chosen stack."""
 
     def __init__(self, stacks: dict[str, str] | None = None, interval: float | None = None,
-                 sessions: int = 10000):
+                 sessions: int = 10000, models_per_session: int = 16):
         super().__init__()
         self._stacks = stacks
         self._interval = interval
         self.poller: StatusPoller | None = None
-        self.sessions: OrderedDict[str, str] = OrderedDict()   # session id -> stack, LRU
+        # session id -> {"models": {model: stack}, "last": stack}, LRU. Per model: a
+        # session's prompt cache for a model is on the stack that served that model,
+        # so a turn for a second model (only on another stack) must not move the next
+        # turn of the first one. "last": the stack of its latest turn (an agent's own
+        # names follow it).
+        self.sessions: OrderedDict[str, dict] = OrderedDict()
         self.max_sessions = sessions
+        self.models_per_session = models_per_session
         self.choices = 0
         self._lock = threading.Lock()
 
@@ -270,12 +278,27 @@ class FleetRouter(CustomLogger):
                 self.poller = StatusPoller(stacks, interval=interval, api_keys=keys).start()
             return self.poller
 
-    def remember(self, sid: str, stack: str) -> None:
+    def remember(self, sid: str, model: str, stack: str) -> None:
+        """Session `sid`'s turn for `model` went to `stack`."""
         with self._lock:
-            self.sessions[sid] = stack
-            self.sessions.move_to_end(sid)
+            s = self.sessions.pop(sid, None) or {"models": {}, "last": None}
+            s["models"].pop(model, None)
+            s["models"][model] = stack
+            while len(s["models"]) > self.models_per_session:
+                s["models"].pop(next(iter(s["models"])))
+            s["last"] = stack
+            self.sessions[sid] = s
             while len(self.sessions) > self.max_sessions:
                 self.sessions.popitem(last=False)
+
+    def session_stack(self, sid: str | None, model: str | None) -> str | None:
+        """The stack that served session `sid`'s last turn for `model` (None: for any
+        model, its latest turn)."""
+        with self._lock:
+            s = self.sessions.get(sid) if sid else None
+            if s is None:
+                return None
+            return s["last"] if model is None else s["models"].get(model)
 
     def pick(self, model: str, deployments: list[dict], request_kwargs: dict | None) -> list[dict]:
         ours = [d for d in deployments if "fleet_stack" in (d.get("model_info") or {})]
@@ -304,19 +327,46 @@ class FleetRouter(CustomLogger):
         per_stack = {s: (None if d["model_info"].get("fleet_use", RESIDENT) == RESIDENT
                          else d["model_info"]["fleet_use"])
                      for s, d in by_stack.items()} if pattern else None
+        # A model's turn follows the session's stack for that model; an agent's own name
+        # the stack of the session's latest turn.
         sid = session_id(request_kwargs)
         chosen = choose(model_id, list(by_stack), poller.status,
-                        self.sessions.get(sid) if sid else None, per_stack)
+                        self.session_stack(sid, None if pattern else model_id), per_stack)
         self.choices += 1
         if chosen is None:                  # none known up: LiteLLM's own choice and retries
             return fitting
         if sid and not pattern:
-            self.remember(sid, chosen)
+            self.remember(sid, model_id, chosen)
         return [by_stack[chosen]]
 
     async def async_filter_deployments(self, model, healthy_deployments, messages,
                                        request_kwargs=None, parent_otel_span=None):
         return self.pick(model, healthy_deployments, request_kwargs)
+
+
+# ------------------------------------------------------------------ the router's key
+
+def check_key(api_key: str | None, master: str | None) -> bool:
+    """The presented key (LiteLLM hands over the Authorization or x-api-key value,
+    `Bearer ` or not) is the router's master key, compared in constant time."""
+    key = (api_key or "").strip()
+    if key[:7].lower() == "bearer ":
+        key = key[7:].strip()
+    return bool(master and key) and hmac.compare_digest(key.encode(), master.encode())
+
+
+async def fleet_auth(request, api_key: str):
+    """LiteLLM's `general_settings.custom_auth`: the master key (LITELLM_MASTER_KEY)
+    or a 401. Without a database LiteLLM's own check answers a wrong key 400 "No
+    connected db." (it would look the key up as a virtual key); this router keeps no
+    virtual keys (README "Several GPU hosts"), so a key that is not the master key is
+    an authentication error, in the error shape LiteLLM gives its other 401s."""
+    from litellm.proxy._types import LitellmUserRoles, ProxyException, UserAPIKeyAuth
+    master = os.environ.get("LITELLM_MASTER_KEY", "")
+    if check_key(api_key, master):
+        return UserAPIKeyAuth(api_key=master, user_role=LitellmUserRoles.PROXY_ADMIN)
+    raise ProxyException(message="Authentication Error: missing or invalid key (the router's "
+                         "master key)", type="auth_error", param=None, code=401)
 
 
 def parse_stacks(text: str) -> dict[str, str]:

@@ -175,10 +175,38 @@ def test_a_retry_goes_to_another_stack_than_the_one_that_failed():
 
 
 def test_sessions_are_bounded():
-    r = routing.FleetRouter(sessions=3)
+    r = routing.FleetRouter(sessions=3, models_per_session=2)
     for i in range(5):
-        r.remember(f"s{i}", "A")
+        r.remember(f"s{i}", "beta", "A")
     assert list(r.sessions) == ["s2", "s3", "s4"]
+    for m in ("alpha", "beta", "gamma"):
+        r.remember("s4", m, "A")
+    assert list(r.sessions["s4"]["models"]) == ["beta", "gamma"]
+
+
+def test_a_session_keeps_a_stack_per_model():
+    """Issue 30: a session on B for beta asks once for alpha (only A declares it); its
+    next beta turn goes back to B (beta resident there, its cache), not to A where
+    the session last went (a swap of alpha there)."""
+    r = routing.FleetRouter()
+    r.poller = FakePoller({"A": st(None), "B": st(None)})
+    kw = {"proxy_server_request": {"url": "http://r/v1/chat/completions",
+                                   "headers": {"x-session-id": "s"}}}
+    beta = deployments(("A", "openai", "beta"), ("B", "openai", "beta"))
+    alpha = deployments(("A", "openai", "alpha"))
+    r.poller.status = {"A": st("alpha", alpha="loaded"), "B": st(None)}
+    assert [d["model_info"]["id"] for d in r.pick("beta", beta, kw)] == ["B:openai:beta"]
+    r.poller.status["B"] = st("beta", beta="loaded")
+    assert [d["model_info"]["id"] for d in r.pick("alpha", alpha, kw)] == ["A:openai:alpha"]
+    for _ in range(3):
+        assert [d["model_info"]["id"] for d in r.pick("beta", beta, kw)] == ["B:openai:beta"]
+    assert r.sessions["h:s"]["models"] == {"alpha": "A", "beta": "B"}
+    # the stickiness is the session's: beta now resident on A as well, B still chosen
+    r.poller.status["A"] = st("beta", beta="loaded")
+    assert [d["model_info"]["id"] for d in r.pick("beta", beta, kw)] == ["B:openai:beta"]
+    # and an agent's own name follows the session's latest turn (B)
+    ds = wild(("A", "openai", "claude-*", "@resident"), ("B", "openai", "claude-*", "@resident"))
+    assert [d["model_info"]["id"] for d in r.pick("claude-haiku-4-5", ds, kw)] == ["B:openai:claude-*"]
 
 
 # ------------------------------------------------------------------ scripts/fleet.py
@@ -201,6 +229,7 @@ def test_config_groups_aliases_and_keys():
     assert cfg["router_settings"]["model_group_alias"] == {"al": "alpha", "be": "beta", "b2": "beta"}
     assert cfg["litellm_settings"]["callbacks"] == ["routing.fleet_router"]
     assert cfg["general_settings"]["background_health_checks"] is False
+    assert cfg["general_settings"]["custom_auth"] == "routing.fleet_auth"
     assert cfg["environment_variables"]["FLEET_STACKS"] == "gpu1=http://gpu1:11433,gpu2=http://gpu2:11433"
     ids = [d["model_info"]["id"] for d in cfg["model_list"]]
     assert len(ids) == len(set(ids))
@@ -209,7 +238,17 @@ def test_config_groups_aliases_and_keys():
 def test_default_strategy_config_has_no_plugin():
     cfg = fleet.build({"a": [{"id": "m"}]}, {"a": "http://a"}, strategy="simple-shuffle")
     assert "callbacks" not in cfg["litellm_settings"]
+    assert "custom_auth" not in cfg["general_settings"]
     assert cfg["router_settings"]["routing_strategy"] == "simple-shuffle"
+
+
+@pytest.mark.parametrize("given, ok", [
+    ("sk-master", True), ("Bearer sk-master", True), ("bearer  sk-master ", True),
+    ("sk-wrong", False), ("Bearer sk-maste", False), ("", False), (None, False),
+    ("Bearer ", False)])
+def test_the_routers_key_check(given, ok):
+    assert routing.check_key(given, "sk-master") is ok
+    assert routing.check_key(given, "") is False            # no master key: nothing passes
 
 
 def test_cli_writes_the_config_from_the_stacks(tmp_path):
@@ -306,14 +345,14 @@ def test_an_agents_name_goes_to_its_sessions_stack_first():
     main = deployments(("A", "openai", "beta"), ("B", "openai", "beta"))
     chat = {"proxy_server_request": {"url": "http://r/v1/chat/completions",
                                      "headers": {"x-session-id": "s"}}}
-    r.sessions["s"] = "B"
+    r.remember("h:s", "beta", "B")
     assert [d["model_info"]["id"] for d in r.pick("beta", main, chat)] == ["B:openai:beta"]
     ds = wild(("A", "openai", "claude-*", "@resident"), ("A", "anthropic", "claude-*", "@resident"),
               ("B", "openai", "claude-*", "@resident"), ("B", "anthropic", "claude-*", "@resident"))
     assert [d["model_info"]["id"] for d in r.pick("claude-haiku-4-5", ds, chat)] == ["B:openai:claude-*"]
     msgs = {"proxy_server_request": {"url": "http://r/v1/messages", "headers": {}, "body": {
         "metadata": {"user_id": json.dumps({"session_id": "cc"})}}}}
-    r.sessions["s:cc"] = "B"
+    r.remember("s:cc", "beta", "B")
     assert [d["model_info"]["id"] for d in r.pick("claude-haiku-4-5", ds, msgs)] == ["B:anthropic:claude-*"]
     # the session's stack down: where something is loaded
     r.poller.status["B"].up = False
@@ -354,5 +393,5 @@ def test_an_agents_name_never_sets_the_sessions_stack():
     assert "h:new" not in r.sessions
     main = deployments(("A", "openai", "beta"), ("B", "openai", "beta"))
     assert [d["model_info"]["id"] for d in r.pick("beta", main, kw)] == ["B:openai:beta"]
-    assert r.sessions["h:new"] == "B"
+    assert r.sessions["h:new"] == {"models": {"beta": "B"}, "last": "B"}
     assert [d["model_info"]["id"] for d in r.pick("claude-haiku-4-5", ds, kw)] == ["B:openai:claude-*"]
