@@ -9,6 +9,10 @@
 #                                           Claude Code / Codex turns, direct vs the
 #                                           stack: prompt-cache reuse and TTFT
 #                                           (tests/perf/agents.py; ~20 min on 2 cores)
+#   tests/perf/run.sh thrash [--loads 3,20 --policies fifo,hold --only two,three]
+#                                           several agents on several models: loads,
+#                                           time against the ideal, waits, per swap
+#                                           policy (tests/perf/thrash.py; ~8 min at 3 s)
 #   tests/perf/run.sh kvswap [--sizes 8000,24000 --repeats 3]
 #                                           the turn after a swap-back: never swapped,
 #                                           restored, no restore (tests/perf/kvswap.py;
@@ -42,6 +46,10 @@ fi
 if [ "${1:-}" = "kvswap" ]; then
   shift
   exec "$py" -m tests.perf.kvswap "$@"
+fi
+if [ "${1:-}" = "thrash" ]; then
+  shift
+  exec "$py" -m tests.perf.thrash "$@"
 fi
 
 # LiteLLM 1.108.7 (the proxy extra) and py-spy 0.4.3, pinned, in a venv of their own.

@@ -10,7 +10,8 @@ Python image, started by the swapper like any backend).
                               max_tokens (default 16); `perf_interval_ms` paces them
                               (default 0: as fast as the socket takes them) and
                               `perf_first_ms` delays the first (a model's prompt and
-                              first token: the headers go at once). Every
+                              first token: the headers go at once; non-streamed: the
+                              answer). Every
                               chunk is its own HTTP/1.1 chunk and its own send(), as
                               llama-server writes a token. Non-streaming: one answer.
   POST /v1/messages           the same tokens as Anthropic Messages events (message_start
@@ -190,6 +191,8 @@ class Handler(socketserver.StreamRequestHandler):
                 self.stream(PATHS[path], n, float(req.get("perf_interval_ms") or 0) / 1000.0,
                             float(req.get("perf_first_ms") or 0) / 1000.0)
                 return False           # like llama-server: close after a stream
+            if req.get("perf_first_ms"):
+                time.sleep(float(req["perf_first_ms"]) / 1000.0)    # the whole answer's time
             text = "".join(WORDS[i & 7] for i in range(n))
             if path == "/v1/messages":
                 answer = {**_MSG, "content": [{"type": "text", "text": text}],
