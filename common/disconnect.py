@@ -21,6 +21,7 @@ from .http1 import readable, waiting
 T = TypeVar("T")
 
 POLL = 1.0   # seconds between checks of the client socket
+STRAY = 64   # bytes peeked at: a hang-up behind stray CRLFs is still seen
 
 
 class ClientGone(Exception):
@@ -38,7 +39,17 @@ def client_gone(environ: dict) -> bool:
         # The OS's own poll (common.http1.readable): select() fails from
         # descriptor 1024 up, gevent's yields to the loop, and this also runs
         # in the loop itself (call_watching_client's timer).
-        return readable(sock) and sock.recv(1, socket.MSG_PEEK) == b""
+        if not readable(sock):
+            return False
+        peeked = sock.recv(STRAY, socket.MSG_PEEK)
+        if peeked.strip(b"\r\n"):
+            return False                    # the client's next request: it is there
+        if peeked:
+            # Only the empty lines RFC 9112 2.2 lets a client send between requests
+            # (a stray CRLF after a body): read them, then see what follows them.
+            sock.recv(len(peeked))
+            return readable(sock) and sock.recv(1, socket.MSG_PEEK) == b""
+        return True                         # EOF
     except (ValueError, OSError):
         return True
 

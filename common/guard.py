@@ -6,9 +6,17 @@
   server that removes dot segments) into another route of the next service:
   `/upstream/m/../../unload` would become the swapper's `/unload`.
 - Runs of slashes are collapsed (`//unload` is `/unload`), so what is
-  forwarded is what was routed.
+  forwarded is what was routed; in an absolute-form target
+  (`GET http://host//x HTTP/1.1`) only its path's.
+- A request target is forwarded only when it can be written on the next
+  request line as it came (RFC 3986 origin-form, `%` before two hex digits):
+  anything else is a 400 before routing, so the swapper refuses it before it
+  admits (and perhaps swaps to) its model.
 - A body without Content-Length (chunked) is read up to the size limit; one
   that goes beyond is refused with 413, never cut.
+- A body must arrive within `body_timeout` seconds, plus one second per 64 KiB
+  that came (a minimum rate): a slower one is a 408 and its connection is
+  closed, so clients trickling bodies cannot hold the server's connections.
 - Routing never redirects: a redirect built by the router names the address the
   request came in on, which for the swapper is its internal one.
 - JSON: a body is decoded as strict UTF-8, nested at most MAX_JSON_DEPTH deep,
@@ -21,12 +29,15 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
+import time
 from urllib.parse import unquote, urlsplit
 
 import orjson
 from werkzeug.routing import PathConverter
 
 from .errors import ApiError, error_response, too_large
+from .http1 import TARGET
 
 MAX_JSON_DEPTH = 100
 
@@ -62,9 +73,9 @@ def raw_path(environ: dict) -> str:
     return environ.get("PATH_INFO", "")
 
 
-# What may be written into the next request line: printable ASCII, percent
-# escapes as they came (never decoded), no fragment.
-_TARGET = re.compile(r"/[!-\"$-~]*")
+# What may be written into the next request line (common.http1's grammar: RFC
+# 3986 origin-form, percent escapes as they came, never decoded, no fragment).
+_TARGET = TARGET
 
 
 def raw_target(environ: dict) -> str:
@@ -79,8 +90,9 @@ def raw_target(environ: dict) -> str:
     if not target:
         target = environ.get("PATH_INFO", "") or "/"
     if not _TARGET.fullmatch(target):
-        raise ApiError("invalid request target: only printable ASCII (percent-encode the "
-                       "rest), no '#'", 400, code="invalid_path")
+        raise ApiError("invalid request target: only the characters RFC 3986 allows "
+                       "(percent-encode the rest, '%' only before two hex digits), no '#'",
+                       400, code="invalid_path")
     return target
 
 
@@ -104,11 +116,13 @@ _SLASHES = re.compile(r"//+")
 
 class RequestGuard:
     """WSGI middleware, before routing: refuse unsafe paths (400), collapse runs
-    of slashes, and hold a chunked body to `max_body` bytes (413 beyond)."""
+    of slashes, hold a chunked body to `max_body` bytes (413 beyond) and every
+    body to its deadline (`body_timeout`, 408 beyond)."""
 
-    def __init__(self, app, max_body: int | None = None):
+    def __init__(self, app, max_body: int | None = None, body_timeout: float | None = None):
         self.app = app
         self.max_body = max_body
+        self.body_timeout = body_timeout
 
     def __call__(self, environ, start_response):
         raw, path = raw_path(environ), environ.get("PATH_INFO", "")
@@ -119,16 +133,101 @@ class RequestGuard:
         for key in ("PATH_INFO", "RAW_URI", "REQUEST_URI"):
             value = environ.get(key)
             if value and "//" in value:
-                path, sep, query = value.partition("?")
-                environ[key] = _SLASHES.sub("/", path) + sep + query
-        if self.max_body is not None and not environ.get("CONTENT_LENGTH") and \
-                "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
-            body = _read_at_most(environ["wsgi.input"], self.max_body + 1)
+                environ[key] = _collapsed(value)
+        chunked = not environ.get("CONTENT_LENGTH") and \
+            "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+        if self.body_timeout is not None and (chunked or environ.get("CONTENT_LENGTH",
+                                                                       "0") not in ("", "0")):
+            environ["wsgi.input"] = TimedBody(environ, self.body_timeout)
+        if self.max_body is not None and chunked:
+            try:
+                body = _read_at_most(environ["wsgi.input"], self.max_body + 1)
+            except ApiError as e:
+                return e.response()(environ, start_response)
             if len(body) > self.max_body:
+                close_connection(environ)
                 return too_large(self.max_body)(environ, start_response)
             environ["wsgi.input"] = io.BytesIO(body)
             environ["CONTENT_LENGTH"] = str(len(body))
         return self.app(environ, start_response)
+
+
+def _collapsed(target: str) -> str:
+    """Runs of slashes in a target's path made one; an absolute-form target's
+    scheme and authority (`http://host`) kept as they are."""
+    head = ""
+    if not target.startswith("/") and "://" in target:
+        scheme, _, rest = target.partition("://")
+        authority, slash, rest = rest.partition("/")
+        head, target = f"{scheme}://{authority}", slash + rest
+    path, sep, query = target.partition("?")
+    return head + _SLASHES.sub("/", path) + sep + query
+
+
+def close_connection(environ: dict) -> None:
+    """The client's connection closes after this answer, its body's rest unread:
+    gunicorn would otherwise drain it, with no deadline, before the next request
+    (a refused request's trickling body would hold the connection)."""
+    body = environ.get(_ORIGINAL_INPUT) or environ.get("wsgi.input")
+    if hasattr(body, "failed"):             # gunicorn's Body: it closes, not drains
+        body.failed = True
+
+
+_ORIGINAL_INPUT = "coding_stack.input"
+BODY_RATE = 64 * 1024       # bytes per second of body that buy one more second
+
+
+class TimedBody:
+    """The request body, read against a deadline: `timeout` seconds from the
+    request's start, plus one second per BODY_RATE bytes that came. Each read
+    waits at most until the deadline (the client socket's timeout); past it,
+    ApiError(408) and the connection closes (close_connection)."""
+
+    def __init__(self, environ: dict, timeout: float):
+        self._environ = environ
+        self._stream = environ[_ORIGINAL_INPUT] = environ["wsgi.input"]
+        self._sock = environ.get("gunicorn.socket")
+        self._deadline = time.monotonic() + timeout
+        self._timeout = timeout
+
+    def _call(self, fn, *args):
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            self._expired()
+        sock = self._sock
+        prior = sock.gettimeout() if sock is not None else None
+        try:
+            if sock is not None:
+                sock.settimeout(remaining)
+            data = fn(*args)
+        except (socket.timeout, TimeoutError):
+            self._expired()
+        finally:
+            if sock is not None:
+                try:
+                    sock.settimeout(prior)
+                except OSError:
+                    pass
+        self._deadline += len(data) / BODY_RATE
+        return data
+
+    def _expired(self):
+        close_connection(self._environ)
+        raise ApiError(f"the request body did not arrive in time (BODY_TIMEOUT "
+                       f"{self._timeout:g} s, then at least {BODY_RATE // 1024} KiB/s)", 408,
+                       code="body_timeout", headers={"Connection": "close"})
+
+    def read(self, size: int | None = -1) -> bytes:
+        return self._call(self._stream.read, size)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        return self._call(self._stream.readline, size)
+
+    def readlines(self, hint=None) -> list[bytes]:
+        return list(iter(self.readline, b""))
+
+    def __iter__(self):
+        return iter(self.readline, b"")
 
 
 def _read_at_most(stream, n: int) -> bytes:
@@ -141,16 +240,17 @@ def _read_at_most(stream, n: int) -> bytes:
     return bytes(out)
 
 
-def harden(app) -> None:
+def harden(app, body_timeout: float | None = 30.0) -> None:
     """Install the request guard (holding chunked bodies to the app's
-    MAX_CONTENT_LENGTH), turn off the router's redirects and add the `rest`
-    converter on a Flask app."""
+    MAX_CONTENT_LENGTH, every body to `body_timeout`), turn off the router's
+    redirects and add the `rest` converter on a Flask app."""
     m = app.url_map
     m.strict_slashes = False        # '/x/' and '/x' both match, no redirect
     m.merge_slashes = False         # the guard collapsed them already
     m.redirect_defaults = False
     m.converters["rest"] = Rest     # <rest:x>: what a route forwards, raw (raw_target)
-    app.wsgi_app = RequestGuard(app.wsgi_app, app.config.get("MAX_CONTENT_LENGTH"))
+    app.wsgi_app = RequestGuard(app.wsgi_app, app.config.get("MAX_CONTENT_LENGTH"),
+                                body_timeout)
 
 
 # ------------------------------------------------------------------- JSON

@@ -71,14 +71,17 @@ MAX_INTERIM = 10            # informational (1xx) answers before the final one, 
 END_WAIT = 2.0              # Answer.end(): seconds each read of a body's rest may wait
 SPARE_CONNECT = 2.0         # seconds a spare connection (fresh_after_stream) may take
 MAX_UPSTREAMS = 16          # upstreams whose idle connections a client keeps
+MAX_DECODED = 64 * 1024 * 1024  # bytes a gzip/deflate answer may decode to, at most
 
 # Header fields the client writes itself: framing and the connection are its business.
+# `Expect` is a client's handshake with the server it talks to (gunicorn answered
+# its 100-continue already); the body is sent whole, so it is never passed on.
 _OWN = frozenset({"host", "content-length", "transfer-encoding", "connection",
-                  "accept-encoding", "keep-alive", "te", "upgrade", "trailer"})
+                  "accept-encoding", "keep-alive", "te", "upgrade", "trailer", "expect"})
 
 # RFC 3986 origin-form (RFC 9112 3.2.1): "/" then pchar, "/" and "?", a "%" only
 # before two hex digits. Not "#", a space, a control or a non-ASCII byte.
-_TARGET = re.compile(r"/(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]+|%[0-9A-Fa-f]{2})*")
+TARGET = _TARGET = re.compile(r"/(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]+|%[0-9A-Fa-f]{2})*")
 
 
 class BadTarget(requests.exceptions.InvalidURL):
@@ -576,7 +579,8 @@ def _background(fn, *args) -> None:
         threading.Thread(target=fn, args=args, daemon=True).start()
 
 
-def _decoded(pieces: Iterator[bytes], coding: str) -> Iterator[bytes]:
+def _decoded(pieces: Iterator[bytes], coding: str,
+             max_decoded: int = MAX_DECODED) -> Iterator[bytes]:
     """A gzip or deflate body decoded as it arrives (we ask for identity, but a
     server may code it anyway). Gzip: every member, one after the other (RFC
     1952); a body that ends inside its coded data is an error, not an end."""
@@ -584,19 +588,30 @@ def _decoded(pieces: Iterator[bytes], coding: str) -> Iterator[bytes]:
     wbits = 16 + zlib.MAX_WBITS if gz else zlib.MAX_WBITS
     d = zlib.decompressobj(wbits)
     fed = False
+    total = 0
     try:
         for piece in pieces:
             fed = fed or bool(piece)
             while True:
-                out = d.decompress(piece)
+                # At most READ_SIZE out per call (a 64 KB piece of a bomb is
+                # 64 MB decoded), MAX_DECODED in all.
+                out = d.decompress(piece, READ_SIZE)
+                total += len(out)
+                if total > max_decoded:
+                    raise zlib.error(f"it decodes to more than {max_decoded} bytes")
                 if out:
                     yield out
+                if d.unconsumed_tail:
+                    piece = d.unconsumed_tail
+                    continue
                 if not (d.eof and d.unused_data):
                     break
                 if not gz:
                     raise zlib.error("bytes after the end of the deflate stream")
                 piece, d = d.unused_data, zlib.decompressobj(wbits)    # the next member
         out = d.flush()
+        if total + len(out) > max_decoded:
+            raise zlib.error(f"it decodes to more than {max_decoded} bytes")
         if fed and not d.eof:
             raise zlib.error("the body ends inside its coded data")
     except zlib.error as e:

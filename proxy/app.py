@@ -1,7 +1,9 @@
 """The proxy's Flask app. create_app(settings) configures it: the parts the views
-use (in app.extensions["proxy"]), the request guard, the error envelope, one set
-of hooks (auth, timing, Anthropic error shapes, metrics, the activity list), the
-routes' blueprint and the console's (/ui)."""
+use (in app.extensions["proxy"]), its door (outermost, before any body is read:
+Host, Origin and Sec-Fetch checks and its own CORS, common.origins; then the API
+key), the request guard (common.guard: paths, body size and body-read deadline),
+the error envelope, one set of hooks (timing, Anthropic error shapes, metrics, the
+activity list), the routes' blueprint and the console's (/ui)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -13,6 +15,7 @@ from flask import Flask, Response, current_app, request
 
 from common.errors import error_response, install_error_handlers
 from common.guard import harden
+from common.origins import OriginGuard, has_body, split_list
 
 from . import console, dialects
 from .activity import Activity
@@ -29,7 +32,7 @@ def create_app(settings: Settings | None = None) -> Flask:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.MAX_BODY_BYTES    # the guard's and Flask's
-    harden(app)
+    harden(app, body_timeout=settings.BODY_TIMEOUT)
     install_error_handlers(app)
 
     upstream = Upstream(settings.BACKEND_URL, settings.CONNECT_TIMEOUT,
@@ -47,25 +50,53 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.after_request(after)
     app.register_blueprint(bp)
     app.register_blueprint(console.bp)
+    metrics = app.extensions["proxy"]["metrics"]
+    # The door, outermost: nothing below runs (no body is read) for a refused request.
+    refused = lambda environ, status: metrics.refused(environ, status)  # noqa: E731
+    app.wsgi_app = OriginGuard(
+        KeyCheck(app.wsgi_app, settings.API_KEY, refused),
+        allowed_hosts=split_list(settings.ALLOWED_HOSTS),
+        cors_origins=split_list(settings.CORS_ORIGINS),
+        public=lambda method, path: method in ("GET", "HEAD") and console.is_public(path),
+        on_refusal=refused)
     return app
 
 
+class KeyCheck:
+    """WSGI middleware: with API_KEY set, every route but /healthz and the console's
+    page and assets (its data calls send the key) wants `Authorization: Bearer
+    <key>` (or `x-api-key`). Checked before anything reads the body: a refused
+    request's body is never read (its connection is closed)."""
+
+    def __init__(self, app, api_key: str, on_refusal):
+        self.app = app
+        self.key = api_key.encode()
+        self.on_refusal = on_refusal
+
+    def __call__(self, environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if self.key and path != "/healthz" and not console.is_public(path):
+            auth = environ.get("HTTP_AUTHORIZATION", "")
+            token = auth[7:].strip() if auth[:7].lower() == "bearer " else \
+                environ.get("HTTP_X_API_KEY", "")
+            if not token or not hmac.compare_digest(token.encode("utf-8", "replace"),
+                                                    self.key):
+                self.on_refusal(environ, 401)
+                resp = error_response("missing or wrong API key: send "
+                                      "'Authorization: Bearer <API_KEY>'", 401,
+                                      code="invalid_api_key",
+                                      headers={"WWW-Authenticate": "Bearer",
+                                               **({"Connection": "close"}
+                                                  if has_body(environ) else {})})
+                return resp(environ, start_response)
+        return self.app(environ, start_response)
+
+
 def before():
-    """T0 of the request's time, its activity record, then the API key (every route
-    but /healthz and the console's page and assets: its data calls send the key)."""
+    """T0 of the request's time and its activity record."""
     request.environ[T0] = time.perf_counter()
-    parts = current_app.extensions["proxy"]
-    parts["activity"].begin(request.environ, route_label(request.path))
-    api_key = parts["settings"].API_KEY
-    if api_key and request.path != "/healthz" and not console.is_public(request.path):
-        headers = request.headers
-        auth = headers.get("Authorization", "")
-        token = auth[7:].strip() if auth[:7].lower() == "bearer " else \
-            headers.get("x-api-key", "")
-        if not token or not hmac.compare_digest(token.encode(), api_key.encode()):
-            return error_response("missing or wrong API key: send "
-                                  "'Authorization: Bearer <API_KEY>'", 401,
-                                  code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    current_app.extensions["proxy"]["activity"].begin(request.environ,
+                                                      route_label(request.path))
     return None
 
 

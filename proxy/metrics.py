@@ -50,6 +50,23 @@ def route_label(path: str) -> str:
     return "other"
 
 
+# The `method` label: these, else "other" (a method is any token a client sends).
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def method_label(method: str) -> str:
+    return method if method in METHODS else "other"
+
+
+NAME_CHARS = 100        # a model name kept in an activity record, at most
+
+
+def short(name):
+    """A model name as a record keeps it: the client's string, cut to NAME_CHARS
+    (a request may name a 10 MB model; the ring keeps 200 records)."""
+    return name[:NAME_CHARS] if isinstance(name, str) else None
+
+
 NOT_READ = object()     # observe(): the handler did not read the requested model
 
 # What a request's handlers tell its metrics, in its WSGI environ.
@@ -117,7 +134,7 @@ class Metrics:
         model the request named (None: none), when its handler has read it; else
         it is read from the body at the end."""
         route = route_label(request.path)
-        self._requests_of(route, request.method, str(resp.status_code)).inc()
+        self._requests_of(route, method_label(request.method), str(resp.status_code)).inc()
         if t0 is None:
             return resp
         answer = None
@@ -126,7 +143,7 @@ class Metrics:
             answer = _Answer(self, t0, request.get_data() if model is NOT_READ else model)
         rec = request.environ.get(ACTIVITY) if self._activity is not None else None
         if rec is not None:
-            rec.update(status=resp.status_code, model=None if model is NOT_READ else model,
+            rec.update(status=resp.status_code, model=None if model is NOT_READ else short(model),
                        stream=(resp.mimetype or "") == "text/event-stream")
         if resp.is_streamed:
             is_sse = (resp.mimetype or "") == "text/event-stream"
@@ -139,6 +156,11 @@ class Metrics:
         resp.call_on_close(lambda: _safely(lambda: self._whole(route, seconds, answer, pieces,
                                                                rec)))
         return resp
+
+    def refused(self, environ: dict, status: int) -> None:
+        """A request the door refused (common.origins, the API key) before the app ran."""
+        self._requests_of(route_label(environ.get("PATH_INFO", "")),
+                          method_label(environ.get("REQUEST_METHOD", "")), str(status)).inc()
 
     def _whole(self, route: str, seconds: float, answer, pieces, rec=None) -> None:
         self._first_byte_of(route).observe(seconds)
@@ -155,7 +177,7 @@ class Metrics:
         """The request's activity record, complete: to the ring."""
         rec["seconds"] = round(seconds, 3)
         if answer is not None:
-            rec.update(model=answer.label or rec.get("model") or answer.model,
+            rec.update(model=short(answer.label or rec.get("model") or answer.model),
                        ttft=None if answer.first_token is None else round(answer.first_token, 3),
                        prompt_tokens=answer.prompt, completion_tokens=answer.completion,
                        tokens_per_second=None if answer.rate is None else round(answer.rate, 1))

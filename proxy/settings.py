@@ -23,6 +23,14 @@ class Settings:
     CONNECT_TIMEOUT: float = setting(10.0, min=0.001)
     MAX_BODY_BYTES: int = setting(64 * 1024 * 1024, min=1)
     API_KEY: str = setting("", repr=False)  # when set: Bearer required on every route but /healthz
+    # Host names it answers for besides loopback names and IP addresses (comma-separated;
+    # "*": any). Anything else is a 421 (a DNS-rebinding page). common.origins
+    ALLOWED_HOSTS: str = ""
+    # Web origins allowed to call it from a browser (comma-separated, exact:
+    # "https://app.example"); none by default: every other origin is refused (403).
+    CORS_ORIGINS: str = ""
+    # Seconds a request body may take to arrive (plus 1 s per 64 KiB); slower: 408, closed.
+    BODY_TIMEOUT: float = setting(30.0, min=0.001)
     # cache of the upstream's /v1/models (system prompt, floor); 0 = no cache
     MODELS_TTL: float = setting(30.0, min=0)
 

@@ -25,14 +25,21 @@ from .activity import note_wait, noting_waits
 
 log = logging.getLogger("proxy.upstream")
 
+BROWSER_FIELDS = frozenset({"origin", "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest",
+                            "sec-fetch-user", "access-control-request-method",
+                            "access-control-request-headers"})
+
 
 class Upstream:
     def __init__(self, base_url: str, connect_timeout: float = 10.0, pool_size: int = 1000,
                  api_key: str = ""):
         self.base_url = base_url.rstrip("/")
         self.connect_timeout = connect_timeout
-        # The proxy's own API key is for its door: never sent on upstream.
-        self._strip = frozenset({"authorization", "x-api-key"}) if api_key else frozenset()
+        # The proxy's own API key is for its door: never sent on upstream. Nor are
+        # a browser's fields: the door (common.origins) has judged them, and a
+        # backend seeing an Origin would answer with CORS fields of its own.
+        self._strip = BROWSER_FIELDS | (frozenset({"authorization", "x-api-key"})
+                                        if api_key else frozenset())
         self.client = Client(pool_size)
 
     def request(self, method: str, path: str, *, query: str = "", headers=None, data=None,

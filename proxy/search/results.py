@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from .searxng import SearchOutcome
 
 TITLE_CHARS = 200
+URL_CHARS = 300          # a result's URL as the model and the Sources block read it, at most
 
 
 @dataclass
@@ -25,6 +26,14 @@ class Source:
 def _clean(text, limit: int) -> str:
     t = re.sub(r"\s+", " ", str(text or "")).strip()
     return t if len(t) <= limit else t[:limit - 1].rstrip() + "…"
+
+
+def _url(value) -> str:
+    """A result's URL as shown: no whitespace or control characters (a URL has
+    none; a line break would let a page write lines of its own into the tool
+    message), at most URL_CHARS."""
+    url = re.sub(r"[\s\x00-\x1f\x7f]+", "", str(value))
+    return url if len(url) <= URL_CHARS else url[:URL_CHARS - 1] + "…"
 
 
 def _url_key(url: str) -> str:
@@ -67,11 +76,11 @@ class Sources:
                 f"{_clean(a.get('label'), 60)}: {_clean(a.get('value'), 120)}"
                 for a in (box.get("attributes") or [])[:8]
                 if isinstance(a, dict) and a.get("label"))
-            url = box.get("id") if str(box.get("id", "")).startswith("http") else ""
+            url = _url(box.get("id")) if str(box.get("id", "")).startswith("http") else ""
             lines.append("Infobox: " + " — ".join(x for x in (name, text, attrs, url) if x))
         shown = dupes = 0
         for r in out.results:
-            url = str(r.get("url"))
+            url = _url(r.get("url"))
             key = _url_key(url)
             if key in self._by_key:
                 dupes += 1
