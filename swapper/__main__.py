@@ -47,13 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     import logging
     import os
 
+    from .kvcache import backend_ids
     from .privileges import drop_privileges
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Before gunicorn is imported: its settings take the process's uid then.
     logging.getLogger("swapper").info(
         drop_privileges(os.environ.get("SWAPPER_USER", ""), os.environ.get("DOCKER_HOST"),
-                        writes=(settings.DOWNLOAD_MODELS_DIR or "",)))
+                        writes=(settings.DOWNLOAD_MODELS_DIR or "",),
+                        groups_too=tuple(g for g in [backend_ids(
+                            os.environ.get("BACKEND_USER") or "65534:65534")[1]] if g)))
 
     from common.serve import serve
 

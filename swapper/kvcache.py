@@ -31,12 +31,15 @@ killed and its temporary file never used).
 """
 from __future__ import annotations
 
+import grp
 import hashlib
 import json
 import logging
 import os
+import pwd
 import re
 import secrets
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -81,7 +84,7 @@ def backend_mount(settings, spec) -> tuple[str, tuple[str, ...]] | None:
     folder = Path(settings.KV_CACHE_DIR) / spec.id
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        os.chmod(folder, 0o777)        # the backend runs as another uid (BACKEND_USER)
+        share_with_backend(folder, spec.user)
     except OSError as e:
         log.warning("model %s: no prompt cache across swaps: cannot make %s (%s)",
                     spec.id, folder, e)
@@ -93,6 +96,50 @@ def backend_mount(settings, spec) -> tuple[str, tuple[str, ...]] | None:
     else:                                                  # a named volume: all of it
         volume = f"{source}:{CONTAINER_ROOT}"
     return volume, ("--slot-save-path", inside + "/")
+
+
+def backend_ids(user: str | None) -> tuple[int | None, int | None]:
+    """(uid, gid) of a registry `user:` ("uid", "uid:gid", or names known to this
+    host); None where it cannot be told (no user: the image's, root for ours)."""
+    if not user:
+        return None, None
+    name, _, group = str(user).partition(":")
+    uid = gid = None
+    try:
+        uid = int(name) if name.isdigit() else pwd.getpwnam(name).pw_uid
+        if not group and not name.isdigit():
+            gid = pwd.getpwnam(name).pw_gid
+    except KeyError:
+        pass
+    if group:
+        try:
+            gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+        except KeyError:
+            pass
+    elif gid is None:
+        gid = uid
+    return uid, gid
+
+
+def share_with_backend(folder: Path, user: str | None) -> None:
+    """Make a model's folder writable by its backend and nobody else: the
+    backend's group, group-writable, set-group-id (what it writes keeps that
+    group), never world-writable (a local user could plant a FIFO or a link
+    there). The swapper must be root or a member of that group (its privileges
+    drop adds BACKEND_USER's group); it says so when it is not."""
+    uid, gid = backend_ids(user)
+    mode = 0o700
+    if gid is not None and gid != os.getegid():
+        try:
+            os.chown(folder, -1, gid)
+            mode = 0o2770
+        except PermissionError:
+            log.warning("cannot give %s to the backend's group %s (the swapper, uid %d, is not "
+                        "in it): the backend cannot write its prompt cache there", folder, gid,
+                        os.geteuid())
+    elif gid is not None:
+        mode = 0o2770
+    os.chmod(folder, mode)
 
 
 def kv_flags(spec) -> dict:
@@ -246,13 +293,9 @@ class KvCache:
             saved, written = int(body.get("n_saved", 0)), int(body.get("n_written", -1))
             if saved <= 0:
                 return                                   # an empty slot: nothing to keep
-            try:
-                size = tmp.stat().st_size
-            except OSError as e:
-                raise _Skip("disk", f"the saved file is not in {folder}: {e}") from None
-            if size != written:
-                raise _Skip("incomplete", f"{size} bytes on disk, llama-server wrote {written}")
-            digest = self._sha256(tmp)
+            size = written
+            digest = self._sha256(tmp, written, self._clock() + left, missing="disk",
+                                  short="incomplete")
             final, sidecar = folder / f"slot{sid}.bin", folder / f"slot{sid}.json"
             sidecar.unlink(missing_ok=True)      # an old sidecar never describes the new file
             os.replace(tmp, final)
@@ -279,7 +322,7 @@ class KvCache:
         if not self.enabled(spec) or budget <= 0:
             return out
         folder = self.folder(spec.id)
-        self._sweep_tmp(folder)
+        self._sweep(folder)
         entries = self._entries(folder)
         if not entries:
             return out
@@ -299,7 +342,7 @@ class KvCache:
             try:
                 if left <= 0:
                     raise _Skip("timeout", f"KV_CACHE_RESTORE_TIMEOUT ({budget:g} s) spent")
-                self._check(meta, final, fp)
+                self._check(meta, final, fp, deadline)
                 r = self._http.post(f"{backend.url}/slots/{sid}", params={"action": "restore"},
                                     json={"filename": final.name},
                                     timeout=(CONNECT_SECONDS, left))
@@ -367,29 +410,32 @@ class KvCache:
         self._emit(event, model=spec.id, done=True, **out.fields())
         return out
 
-    def _check(self, meta: dict, final: Path, fp: dict) -> None:
+    def _check(self, meta: dict, final: Path, fp: dict, deadline: float) -> None:
         if meta.get("fingerprint") != fp:
             theirs = meta.get("fingerprint") or {}
             diff = sorted(k for k in set(fp) | set(theirs) if fp.get(k) != theirs.get(k))
             raise _Skip("mismatch", f"saved for another backend (differs in {', '.join(diff)})")
-        try:
-            size = final.stat().st_size
-        except OSError:
-            raise _Skip("corrupt", f"{final.name} is missing") from None
-        if size != meta.get("bytes"):
-            raise _Skip("corrupt", f"{final.name} has {size} bytes, {meta.get('bytes')} saved")
-        if self._sha256(final) != meta.get("sha256"):
+        size = meta.get("bytes")
+        if not isinstance(size, int) or size <= 0:
+            raise _Skip("corrupt", f"its sidecar gives no size ({size!r})")
+        if self._sha256(final, size, deadline) != meta.get("sha256"):
             raise _Skip("corrupt", f"{final.name} is not the file saved (sha256 differs)")
 
     # ---------------------------------------------------------------- files
     def _entries(self, folder: Path) -> list[tuple[Path, dict]]:
+        """(sidecar, what it says) of every saved slot: regular files only, read
+        without following a link or waiting on a FIFO (_read_regular)."""
         out = []
-        for sidecar in sorted(folder.glob("slot*.json")):
+        for name in sorted(_names(folder)):
+            m = _SIDECAR.fullmatch(name)
+            if m is None:
+                continue
+            sidecar = folder / name
             try:
-                meta = json.loads(sidecar.read_text())
-                if not isinstance(meta, dict) or not isinstance(meta.get("slot"), int):
-                    raise ValueError("not a sidecar")
-            except (OSError, ValueError) as e:
+                meta = json.loads(_read_regular(sidecar, SIDECAR_MAX))
+                if not isinstance(meta, dict) or meta.get("slot") != int(m.group(1)):
+                    raise ValueError("not a sidecar of that slot")
+            except (OSError, ValueError, _Skip) as e:
                 log.warning("discarding %s: %s", sidecar, e)
                 self.metrics.kv_failed("restore", "corrupt")
                 self._discard(sidecar, sidecar.with_suffix(".bin"))
@@ -397,14 +443,26 @@ class KvCache:
             out.append((sidecar, meta))
         return out
 
-    def _sweep_tmp(self, folder: Path) -> None:
-        """Temporary files of saves that never completed (the backend that wrote
-        them is gone: one backend at a time)."""
-        for tmp in folder.glob("tmp-*"):
+    def _sweep(self, folder: Path) -> None:
+        """Before a restore (one backend at a time: none writes now): remove
+        everything that is not a saved slot (slot<N>.bin, slot<N>.json, regular
+        files): temporary files of saves that never completed, links, FIFOs,
+        and files of any other name."""
+        for name in _names(folder):
+            path = folder / name
             try:
-                tmp.unlink()
+                st = path.lstat()
             except OSError:
-                pass
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                log.warning("prompt cache: %s is a folder, not a saved slot (left alone; not "
+                            "the swapper's)", path)
+                continue
+            ours = stat.S_ISREG(st.st_mode) and (_SIDECAR.fullmatch(name) or _BIN.fullmatch(name))
+            if not ours:
+                if not name.startswith("tmp-"):
+                    log.warning("prompt cache: removing %s (not a saved slot)", path)
+                self._discard(path)
 
     def _discard(self, *paths: Path) -> None:
         for p in paths:
@@ -414,20 +472,43 @@ class KvCache:
                 log.warning("cannot remove %s: %s", p, e)
 
     def usage(self) -> list[tuple[float, int, Path, Path]]:
-        """(last used, bytes, sidecar, file) of every saved slot of every model;
-        a file without a sidecar counts too (oldest: it goes first)."""
+        """(last used, bytes, sidecar, file) of every file of every model's
+        folder: a saved slot counts its file and its sidecar; any other file (a
+        temporary one, a file without its sidecar, one of another name) counts
+        as last used never, so it goes first. Nothing is followed or read but
+        regular sidecars."""
         out = []
-        for final in self.root.glob("*/slot*.bin"):
-            sidecar = final.with_suffix(".json")
+        for model in _names(self.root):
+            folder = self.root / model
             try:
-                size = final.stat().st_size
+                if not stat.S_ISDIR(folder.lstat().st_mode):
+                    continue
             except OSError:
                 continue
-            try:
-                used = float(json.loads(sidecar.read_text()).get("used", 0))
-            except (OSError, ValueError, AttributeError, TypeError):
+            sizes: dict[str, int] = {}
+            for name in _names(folder):
+                try:
+                    st = (folder / name).lstat()
+                except OSError:
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    sizes[name] = st.st_size if stat.S_ISREG(st.st_mode) else 0
+            for name, size in sizes.items():
+                m = _BIN.fullmatch(name)
+                sidecar_name = f"slot{m.group(1)}.json" if m else None
+                if _SIDECAR.fullmatch(name) and name[:-5] + ".bin" in sizes:
+                    continue                    # counted with its file
+                final = folder / name
                 used = 0.0
-            out.append((used, size, sidecar, final))
+                sidecar = final
+                if sidecar_name in sizes:
+                    sidecar = folder / sidecar_name
+                    size += sizes[sidecar_name]
+                    try:
+                        used = float(json.loads(_read_regular(sidecar, SIDECAR_MAX)).get("used", 0))
+                    except (OSError, ValueError, AttributeError, TypeError, _Skip):
+                        used = 0.0
+                out.append((used, size, sidecar, final))
         return sorted(out, key=lambda e: (e[0], str(e[3])))
 
     def evict(self) -> int:
@@ -452,15 +533,13 @@ class KvCache:
         except OSError:
             pass
 
-    def _sha256(self, path: Path) -> str:
-        h = hashlib.sha256()
-        with path.open("rb") as f:
-            while True:
-                chunk = f.read(HASH_CHUNK)
-                if not chunk:
-                    return h.hexdigest()
-                h.update(chunk)
-                self._pause(0)
+    def _sha256(self, path: Path, size: int, deadline: float, missing: str = "corrupt",
+                short: str = "corrupt") -> str:
+        """The sha256 of the regular file `path`, which must hold `size` bytes
+        (only those are read: a file that grows never holds the hash up), by
+        `deadline` (else _Skip timeout). In a thread of the OS when gevent runs:
+        a file read blocks the whole hub, and hashlib lets the GIL go."""
+        return _offload(_hash_file, path, size, deadline, self._clock, missing, short)
 
     def _fail(self, out: Outcome, direction: str, model: str, reason: str, detail: str) -> None:
         log.warning("model %s: prompt cache %s: %s (%s); the %s goes on", model,
@@ -468,6 +547,83 @@ class KvCache:
                     "stop" if direction == "save" else "load")
         out.failures.append(reason)
         self.metrics.kv_failed(direction, reason)
+
+
+SIDECAR_MAX = 1 << 20           # bytes: a sidecar is a few hundred
+_SIDECAR = re.compile(r"slot(\d+)\.json")
+_BIN = re.compile(r"slot(\d+)\.bin")
+# Regular files only: never follow a link, never wait for a FIFO's writer (an open
+# for reading blocks until one comes; under gevent, the whole swapper with it).
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def _names(folder: Path) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+def _open_regular(path: Path, missing: str = "corrupt") -> tuple[int, int]:
+    """(fd, size) of `path` if it is a regular file, opened without following a
+    link or blocking; else _Skip (`missing` when it is absent)."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise _Skip(missing, f"{path.name} is missing") from None
+    except OSError as e:
+        raise _Skip("corrupt", f"{path.name} cannot be opened as a file: {e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _Skip("corrupt", f"{path.name} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    fd, size = _open_regular(path)
+    try:
+        if size > limit:
+            raise _Skip("corrupt", f"{path.name} holds {size} bytes (at most {limit})")
+        return os.read(fd, limit + 1)[:limit]
+    finally:
+        os.close(fd)
+
+
+def _hash_file(path: Path, size: int, deadline: float, clock, missing: str, short: str) -> str:
+    fd, have = _open_regular(path, missing)
+    try:
+        if have != size:
+            raise _Skip(short, f"{path.name} has {have} bytes, {size} saved")
+        h = hashlib.sha256()
+        left = size
+        while left > 0:
+            if clock() > deadline:
+                raise _Skip("timeout", f"hashing {path.name} ran past its deadline")
+            chunk = os.read(fd, min(HASH_CHUNK, left))
+            if not chunk:
+                raise _Skip(short, f"{path.name} ended {left} bytes early")
+            h.update(chunk)
+            left -= len(chunk)
+        return h.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _offload(fn, *args):
+    """fn(*args) in a thread of the OS when gevent patched threading (the
+    swapper's worker), else here."""
+    try:
+        from gevent import monkey
+        if monkey.is_module_patched("threading"):
+            import gevent
+            return gevent.get_hub().threadpool.apply(fn, args)
+    except ImportError:
+        pass
+    return fn(*args)
 
 
 def _reason(e: Exception) -> str:

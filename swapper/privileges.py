@@ -18,16 +18,19 @@ def docker_socket(docker_host: str | None) -> str | None:
     return host[len("unix://"):] if host.startswith("unix://") else None
 
 
-def drop_privileges(user: str, docker_host: str | None, writes: tuple[str, ...] = ()) -> str:
+def drop_privileges(user: str, docker_host: str | None, writes: tuple[str, ...] = (),
+                    groups_too: tuple[int, ...] = ()) -> str:
     """Become `user` with the Docker socket's group added. A folder of `writes`
     (MODELS_DIR mounted for downloads) that Docker has just made for its bind
     mount (root's, empty) becomes the user's; of any other, its group is added,
     so a group-writable folder of the host's user serves as it is. A no-op
-    unless running as root with a user named. Returns what was done, for the log."""
+    unless running as root with a user named. `groups_too`: more groups kept (the
+    backends' own, which the KV-cache folders are shared with: swapper.kvcache).
+    Returns what was done, for the log."""
     if not user or os.geteuid() != 0:
         return f"running as uid {os.geteuid()}"
     pw = pwd.getpwnam(user)
-    groups = {pw.pw_gid}
+    groups = {pw.pw_gid, *groups_too}
     sock = docker_socket(docker_host)
     if sock and os.path.exists(sock):
         groups.add(os.stat(sock).st_gid)

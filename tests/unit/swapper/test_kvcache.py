@@ -6,6 +6,7 @@ queue is admitted; a failed or slow save never blocks the swap; the cap evicts
 the least recently used; a file tied to another backend (build, flags), a
 corrupt, truncated or half-written one is never handed to the backend; a
 backend that dies on a restore is started again without it."""
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -308,7 +309,10 @@ def test_the_cap_evicts_the_least_recently_used(tmp_path, servers):
     turn(w, 2)                                 # ttl saved: a (the oldest) goes
     assert files(tmp_path / "a") == []
     assert files(tmp_path / "b") == files(tmp_path / "ttl") == ["slot0.bin", "slot0.json"]
-    assert sample(w.metrics.collectors, "swapper_kv_cache_disk_bytes") == 2 * (8 + 100_000)
+    # every file counts (the sidecars too)
+    on_disk = sum(p.stat().st_size for m in ("b", "ttl") for p in (tmp_path / m).iterdir())
+    assert on_disk > 2 * (8 + 100_000)
+    assert sample(w.metrics.collectors, "swapper_kv_cache_disk_bytes") == on_disk
 
 
 def test_off_without_a_folder_or_for_a_model_that_says_so(tmp_path, servers):
@@ -342,10 +346,17 @@ def test_registry_default_is_on_for_llamacpp_off_for_vllm(tmp_path):
 
 def test_the_backend_gets_its_folder_and_the_save_path(tmp_path):
     s = Settings(STACK_NAME="st", HOST_DIR="/srv/stack", KV_CACHE_DIR=str(tmp_path))
-    args = DockerRuntime(s, SimpleNamespace(models={}))._create_args(spec("a"), "n")
+    args = DockerRuntime(s, SimpleNamespace(models={}))._create_args(
+        dataclasses.replace(spec("a"), user="65534:65534"), "n")
     assert args["command"][-2:] == ["--slot-save-path", "/kvcache/a/"]
     assert args["volumes"][-1] == f"{tmp_path}/a:/kvcache/a"
-    assert (tmp_path / "a").is_dir() and os.stat(tmp_path / "a").st_mode & 0o777 == 0o777
+    # issue 28: never world-writable (0777 let any local user plant a FIFO or a link):
+    # the backend's group (BACKEND_USER's), group-writable, set-group-id
+    st = os.stat(tmp_path / "a")
+    assert (tmp_path / "a").is_dir() and st.st_mode & 0o7777 == 0o2770, oct(st.st_mode)
+    assert st.st_gid == 65534
+    DockerRuntime(s, SimpleNamespace(models={}))._create_args(spec("c"), "n")   # image's user
+    assert os.stat(tmp_path / "c").st_mode & 0o7777 == 0o700
     named = Settings(KV_CACHE_DIR=str(tmp_path), KV_CACHE_VOLUME="st-kvcache")
     args = DockerRuntime(named, SimpleNamespace(models={}))._create_args(spec("a"), "n")
     assert args["volumes"][-1] == "st-kvcache:/kvcache"
@@ -407,3 +418,74 @@ def test_a_restore_nobody_asked_for_counts_nothing(w):
     serve(w, "b", {})
     assert not w.driver.kv.awaits_answer("a")
     assert w.driver.kv.answered("a", b'{"timings":{"cache_n":1,"prompt_n":2}}') is None
+
+
+# ------------------------------------------------ issue 28: the folder's files
+def saved_a(tmp_path, servers, tokens=50):
+    w = make(tmp_path, servers)
+    w.servers = servers
+    serve(w, "a", {0: tokens})
+    serve(w, "b", {0: 10})                      # a saved
+    assert files(tmp_path / "a") == ["slot0.bin", "slot0.json"]
+    return w
+
+
+def test_a_fifo_named_like_a_sidecar_never_blocks_and_is_swept(tmp_path, servers):
+    """A FIFO named slot7.json froze the whole swapper (gevent blocked in its read)."""
+    w = saved_a(tmp_path, servers)
+    os.mkfifo(tmp_path / "a" / "slot7.json")
+    os.mkfifo(tmp_path / "a" / "slot8.bin")
+    (tmp_path / "a" / "slot9.json").symlink_to("/etc/passwd")
+    (tmp_path / "a" / "evil.bin").write_bytes(b"x" * 1000)     # a save under any name
+    assert w.driver.kv.evict() > 1000           # counted without reading the FIFOs
+    serve(w, "a", {0: 10})                      # the restore: runs, and sweeps them
+    assert files(tmp_path / "a") == ["slot0.bin", "slot0.json"]
+    assert [c for c in servers["a"].calls if c[0] == "restore"]
+
+
+def test_every_file_counts_towards_the_cap_and_strays_go_first(tmp_path, servers):
+    w = saved_a(tmp_path, servers)
+    (tmp_path / "b" / "evil.bin").write_bytes(b"x" * 5000)
+    (tmp_path / "a" / "slot3.bin").write_bytes(b"y" * 7000)      # no sidecar
+    usage = w.driver.kv.usage()
+    names = [e[3].name for e in usage]
+    assert {"evil.bin", "slot3.bin", "slot0.bin"} <= set(names)
+    assert names.index("evil.bin") < names.index("slot0.bin")
+    total = sum(p.stat().st_size for m in ("a", "b") for p in (tmp_path / m).iterdir())
+    assert sum(e[1] for e in usage) == total
+    w.driver.kv.settings = dataclasses.replace(w.driver.kv.settings,
+                                               KV_CACHE_MAX_GB=(total - 12_000) / 1e9)
+    w.driver.kv.evict()                         # over by the strays: they go, not a slot
+    assert not (tmp_path / "b" / "evil.bin").exists()
+    assert not (tmp_path / "a" / "slot3.bin").exists()
+    assert (tmp_path / "a" / "slot0.bin").exists()
+
+
+def test_a_huge_file_is_hashed_within_the_restore_deadline(tmp_path, servers):
+    """A huge (or endless) slotN.bin was hashed with no deadline."""
+    w = saved_a(tmp_path, servers)
+    sidecar = tmp_path / "a" / "slot0.json"
+    meta = json.loads(sidecar.read_text())
+    big = 64 << 20
+    with open(tmp_path / "a" / "slot0.bin", "ab") as f:
+        f.truncate(big)
+    meta["bytes"] = big
+    sidecar.write_text(json.dumps(meta))
+    kv = w.driver.kv
+    ticks = iter(range(10 ** 6))
+    kv._clock = lambda: 100.0 + next(ticks)     # a second per look at the clock
+    with pytest.raises(kvcache._Skip) as e:
+        kv._sha256(tmp_path / "a" / "slot0.bin", big, deadline=103.0)
+    assert e.value.reason == "timeout"
+
+
+def test_a_link_is_never_followed(tmp_path, servers):
+    w = saved_a(tmp_path, servers)
+    target = tmp_path / "elsewhere.bin"
+    (tmp_path / "a" / "slot0.bin").rename(target)
+    (tmp_path / "a" / "slot0.bin").symlink_to(target)
+    with pytest.raises(kvcache._Skip, match="cannot be opened"):
+        w.driver.kv._sha256(tmp_path / "a" / "slot0.bin", target.stat().st_size, 1e12)
+    serve(w, "a", {0: 10})                      # swept, not restored
+    assert not (tmp_path / "a" / "slot0.bin").exists() and target.exists()
+    assert not [c for c in servers["a"].calls if c[0] == "restore"]
