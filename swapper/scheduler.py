@@ -45,6 +45,7 @@ Policy
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import time
@@ -188,6 +189,9 @@ class Scheduler:
         self._holding_since: float | None = None
         self._stopped: str | None = None       # the model stopped last
         self._load_cause = "request"           # why the running load was started
+        # The GPU's time lost to loads: (when, seconds) of the last hour's loads.
+        self._loaded: collections.deque[tuple[float, float]] = collections.deque(maxlen=10000)
+        self.load_seconds_total = 0.0
 
     # ---------------------------------------------------------------- requests
     def submit(self, model: str | None, session: str | None = None,
@@ -323,7 +327,10 @@ class Scheduler:
             else:
                 self._backend = backend
                 self._last_error.pop(self.model, None)
-                self.load_times.add(self.model, self._clock() - self.since - self._load_delay)
+                seconds = self._clock() - self.since - self._load_delay
+                self.load_times.add(self.model, seconds)
+                self._loaded.append((self._clock(), seconds))
+                self.load_seconds_total += seconds
                 if self._swap_t0 is not None and self._swap_t0[1] != self.model:
                     self.last_swap_seconds = round(self._clock() - self._swap_t0[0], 3)
                 self._swap_t0 = None
@@ -496,7 +503,18 @@ class Scheduler:
                 "last_swap_seconds": self.last_swap_seconds,
                 "policy": self.policy.name,
                 "hold": self._hold_status(),
+                **self._load_cost(),
             }
+
+    def _load_cost(self) -> dict:
+        """Loads in the last hour and the seconds they took (the console's
+        swaps per hour and seconds lost to loads), and all seconds since start."""
+        hour_ago = self._clock() - 3600
+        while self._loaded and self._loaded[0][0] < hour_ago:
+            self._loaded.popleft()
+        return {"loads_last_hour": len(self._loaded),
+                "load_seconds_last_hour": round(sum(s for _, s in self._loaded), 1),
+                "load_seconds_total": round(self.load_seconds_total, 1)}
 
     def _hold_status(self) -> dict | None:
         """While holds keep the resident model from other models' requests:

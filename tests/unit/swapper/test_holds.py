@@ -361,3 +361,24 @@ def test_random_mixes_never_starve_and_never_overlap(seed):
         if not waiting and not active:
             break
     assert not waiting and not active
+
+
+def test_snapshot_counts_the_last_hours_loads_and_their_seconds():
+    clock = Clock()
+    s = make(clock)
+    t = s.submit("x")
+    clock.now += 4.0
+    step(s)
+    s.release(t)
+    clock.now += 10
+    t = s.submit("y")
+    s.tick()
+    step(s)                      # stop x
+    clock.now += 6.0
+    step(s)                      # load y: 6 s
+    snap = s.snapshot()
+    assert (snap["loads_last_hour"], snap["load_seconds_last_hour"]) == (2, 10.0)
+    clock.now += 3601
+    snap = s.snapshot()
+    assert (snap["loads_last_hour"], snap["load_seconds_last_hour"]) == (0, 0.0)
+    assert snap["load_seconds_total"] == 10.0
