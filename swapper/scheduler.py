@@ -225,7 +225,8 @@ class Scheduler:
                     t.epoch = self.epoch
                 self._queue.append(t)
                 tickets.append(t)
-            self._emit("queued", model=model, count=count, queued=len(self._queue))
+            self._emit("queued", model=model, count=count, queued=len(self._queue),
+                       resident=self.model, phase=self.phase)
             self._schedule()
             return tickets
 

@@ -37,9 +37,19 @@ class Settings:
     QUANTUM_FACTOR: float = setting(3.0, min=0)
     QUANTUM_MIN_SECONDS: float = setting(5.0, min=0)
     QUANTUM_MAX_SECONDS: float = setting(300.0, min=0)
+    # While one model serves and another's requests wait, read the waiting model's
+    # files into the page cache (swapper/prefetch.py), only while the host's free
+    # memory stays above PREFETCH_RESERVE_GB (the resident model's pages are kept).
+    PREFETCH: bool = setting(True)
+    PREFETCH_RESERVE_GB: float = setting(4.0, min=0)
     # Where the backend's internal port is published on the host (direct access).
     BACKEND_PUBLISH_PORT: int = setting(18080, **PORT)
     BACKEND_BIND: str = setting("127.0.0.1")
+    # The backends' own API key (llama-server/vLLM --api-key, given as LLAMA_API_KEY /
+    # VLLM_API_KEY), added by the swapper to what it sends them: the published port is
+    # no side door. Unset: a random secret per swapper run (or the one of the backend
+    # it adopts). Set it to use the published port directly (benchmark.sh --direct).
+    BACKEND_API_KEY: str | None = setting(None, repr=False)
     # The stack's Docker network. Set (compose does): the swapper reaches the
     # backend by container name. Unset: through the published port on BACKEND_HOST.
     DOCKER_NETWORK: str | None = setting(None)
