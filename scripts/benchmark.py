@@ -246,9 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=2000,
                    help="approximate size of the prefill prompt (default 2000)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--api-key", default=os.environ.get("API_KEY") or None,
-                   help="Bearer key for the proxy (default: $API_KEY)")
+    p.add_argument("--api-key", default=None,
+                   help="Bearer key (default: $API_KEY for the proxy; with --direct, "
+                        "$BACKEND_API_KEY, the backend's own)")
     args = p.parse_args(argv)
+    if args.api_key is None:
+        args.api_key = os.environ.get("BACKEND_API_KEY" if args.direct else "API_KEY") or None
     if args.runs < 1:
         p.error("--runs must be at least 1")
     args.mode = "url" if args.url else ("direct" if args.direct else "stack")

@@ -30,6 +30,7 @@ from common.streaming import (NO_BUFFERING, Relayed, answer_headers, forward_hea
 
 from .kvcache import ANSWER_TAIL
 from .lease import Admission, Lease, waiting_for
+from .runtime import with_backend_key
 from .settings import Settings
 
 log = logging.getLogger("swapper.forward")
@@ -108,7 +109,9 @@ class Forwarder:
         held = [lease or self.admission.admit(model, environ)]    # the try's lease
 
         def send(fresh: bool) -> requests.Response:
-            return self._send(method, self.url(held[0], path, query), body, fwd, fresh)
+            lease = held[0]
+            return self._send(method, self.url(lease, path, query), body,
+                              with_backend_key(fwd, lease.backend), fresh)
 
         def failed(e: BaseException, retry: bool) -> ApiError | None:
             lease = held[0]

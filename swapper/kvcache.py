@@ -233,7 +233,8 @@ class KvCache:
                 "meta": meta, "flags": kv_flags(spec)}
 
     def _get(self, backend, path: str, timeout: float) -> dict:
-        r = self._http.get(backend.url + path, timeout=(CONNECT_SECONDS, max(timeout, 0.1)))
+        r = self._http.get(backend.url + path, timeout=(CONNECT_SECONDS, max(timeout, 0.1)),
+                           headers=_auth(backend))
         if r.status_code != 200:
             raise _Skip("refused", f"GET {path}: HTTP {r.status_code}")
         return r.json()
@@ -285,7 +286,7 @@ class KvCache:
         tmp = folder / f"tmp-slot{sid}-{secrets.token_hex(4)}.bin"
         try:
             r = self._http.post(f"{backend.url}/slots/{sid}", params={"action": "save"},
-                                json={"filename": tmp.name},
+                                json={"filename": tmp.name}, headers=_auth(backend),
                                 timeout=(CONNECT_SECONDS, left))
             if r.status_code != 200:
                 raise _Skip("refused", f"HTTP {r.status_code}: {r.text[:200]}")
@@ -344,7 +345,7 @@ class KvCache:
                     raise _Skip("timeout", f"KV_CACHE_RESTORE_TIMEOUT ({budget:g} s) spent")
                 self._check(meta, final, fp, deadline)
                 r = self._http.post(f"{backend.url}/slots/{sid}", params={"action": "restore"},
-                                    json={"filename": final.name},
+                                    json={"filename": final.name}, headers=_auth(backend),
                                     timeout=(CONNECT_SECONDS, left))
                 if r.status_code != 200:
                     raise _Skip("refused", f"HTTP {r.status_code}: {r.text[:200]}")
@@ -624,6 +625,12 @@ def _offload(fn, *args):
     except ImportError:
         pass
     return fn(*args)
+
+
+def _auth(backend) -> dict:
+    """The backend's key (swapper.runtime.Backend.key), when it has one."""
+    key = getattr(backend, "key", None)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _reason(e: Exception) -> str:

@@ -23,6 +23,7 @@ from . import intake
 from .fanout import FANOUT_PATHS, requested_n, serves_natively
 from .lease import OPERATOR, SESSION, Lease
 from .registry import ModelSpec
+from .runtime import auth_headers
 from .sessions import session_of
 
 status = Blueprint("status", __name__)
@@ -193,6 +194,7 @@ def _health_status(lease: Lease, spec: ModelSpec) -> int | None:
     fw = parts().forwarder
     try:
         r = fw.client.request("GET", fw.url(lease, spec.health_path, ""),
+                              headers=auth_headers(lease.backend),
                               timeout=(fw.settings.CONNECT_TIMEOUT, 10))
         r.close()
         return r.status_code

@@ -28,7 +28,7 @@ import os
 import secrets
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Collection, Iterator, Protocol
 
 import docker
@@ -36,6 +36,7 @@ import docker.errors
 import docker.types
 import docker.utils
 import requests
+from werkzeug.datastructures import Headers
 
 from . import hostdir, kvcache
 from .registry import ModelSpec, Registry
@@ -76,11 +77,47 @@ class DockerUnavailable(Exception):
 
 @dataclass(frozen=True)
 class Backend:
-    """A running backend container and how to reach it."""
+    """A running backend container and how to reach it (`key`: its API key,
+    which the swapper adds to all it sends it; never shown)."""
     model: str
     container_id: str
     name: str
     url: str
+    key: str | None = field(default=None, repr=False, compare=False)
+
+
+# Where each kind of backend reads its API key (its --api-key, from the
+# environment: not in the command line that `docker ps` and the container's
+# processes show).
+KEY_ENV = {"llamacpp": "LLAMA_API_KEY", "vllm": "VLLM_API_KEY"}
+
+
+def auth_headers(backend: Backend | None) -> dict:
+    """What proves the swapper to `backend` (nothing for one without a key)."""
+    key = getattr(backend, "key", None)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def with_backend_key(headers, backend: Backend | None):
+    """A request's forwarded headers for `backend`: the client's own credentials
+    (Authorization, X-Api-Key: the proxy's API_KEY) replaced by the backend's key."""
+    key = getattr(backend, "key", None)
+    if not key:
+        return headers
+    out = Headers([(k, v) for k, v in headers.items()
+                   if k.lower() not in ("authorization", "x-api-key")])
+    out["Authorization"] = f"Bearer {key}"
+    return out
+
+
+def container_key(attrs: dict, kind: str) -> str | None:
+    """The API key a container of this stack was created with (its environment)."""
+    name = KEY_ENV.get(kind)
+    for item in (attrs.get("Config") or {}).get("Env") or []:
+        k, _, v = item.partition("=")
+        if k == name:
+            return v or None
+    return None
 
 
 def _docker_cause(model: ModelSpec, err: Exception, settings: Settings) -> str:
@@ -145,6 +182,8 @@ class DockerRuntime:
         self._host_dir: str | None = None
         self._http = requests.Session()
         self._http.trust_env = False
+        # The backends' key: BACKEND_API_KEY, else a secret of this run's (never logged).
+        self._key = settings.BACKEND_API_KEY or secrets.token_urlsafe(32)
 
     @property
     def client(self) -> docker.DockerClient:
@@ -294,7 +333,8 @@ class DockerRuntime:
         except docker.errors.APIError as e:
             self._remove_quietly(name)
             raise BackendError(spec.id, _docker_cause(spec, e, self.settings)) from None
-        return Backend(spec.id, container.id, name, self._url(spec, name))
+        return Backend(spec.id, container.id, name, self._url(spec, name),
+                       self._key if spec.kind in KEY_ENV else None)
 
     def _start(self, spec: ModelSpec, on_progress: Progress | None,
                prepared: Backend | None) -> Backend:
@@ -354,7 +394,8 @@ class DockerRuntime:
             "command": command,
             "name": name,
             "labels": {LABEL_STACK: s.STACK_NAME, LABEL_MODEL: spec.id, LABEL_ROLE: "backend"},
-            "environment": dict(spec.env),
+            "environment": {**spec.env, **({KEY_ENV[spec.kind]: self._key}
+                                            if spec.kind in KEY_ENV else {})},
             "volumes": [self._volume(v) for v in volumes],
             "ports": {f"{spec.port}/tcp": (s.BACKEND_BIND, s.BACKEND_PUBLISH_PORT)},
         }
@@ -452,7 +493,7 @@ class DockerRuntime:
                     lines = self._tail(backend.container_id, 1).strip().splitlines()
                     on_progress(now - started, lines[-1][:200] if lines else "")
             try:
-                r = self._http.get(url, timeout=(1.0, 2.0))
+                r = self._http.get(url, timeout=(1.0, 2.0), headers=auth_headers(backend))
                 if r.status_code == 200:
                     log.info("model %s ready in %.1f s", spec.id, time.monotonic() - started)
                     return
@@ -548,7 +589,8 @@ class DockerRuntime:
         for c in self.containers():
             spec = self.registry.models.get(c.labels.get(LABEL_MODEL, ""))
             if spec is not None and c.status == "running":
-                out.append(Backend(spec.id, c.id, c.name, self._url(spec, c.name)))
+                out.append(Backend(spec.id, c.id, c.name, self._url(spec, c.name),
+                                   container_key(c.attrs, spec.kind)))
         return out
 
     def adopt(self) -> Backend | None:
@@ -558,11 +600,16 @@ class DockerRuntime:
         for c in self.containers():
             model = c.labels.get(LABEL_MODEL, "")
             spec = self.registry.models.get(model)
-            if keep is None and spec is not None and c.status == "running":
-                b = Backend(model, c.id, c.name, self._url(spec, c.name))
+            if keep is None and spec is not None and c.status == "running" \
+                    and self._key_fits(spec, c):
+                b = Backend(model, c.id, c.name, self._url(spec, c.name),
+                            container_key(c.attrs, spec.kind))
                 try:
-                    if self._http.get(b.url + spec.health_path, timeout=(1.0, 2.0)).status_code == 200:
+                    if self._http.get(b.url + spec.health_path, timeout=(1.0, 2.0),
+                                      headers=auth_headers(b)).status_code == 200:
                         keep = b
+                        if b.key and not self.settings.BACKEND_API_KEY:
+                            self._key = b.key
                         log.info("adopted running backend %s (model %s)", c.name, model)
                         continue
                 except requests.RequestException:
@@ -570,3 +617,17 @@ class DockerRuntime:
             log.info("removing orphan backend container %s (model %r, %s)", c.name, model, c.status)
             self._remove_quietly(c.id)
         return keep
+
+    def _key_fits(self, spec: ModelSpec, container) -> bool:
+        """May this running container of an earlier run be adopted, as far as its
+        key goes? One without a key is an open door (removed); with another key
+        than BACKEND_API_KEY, removed; else kept, and this run's key becomes its
+        own when none is configured (adopt: the backends of one run share one)."""
+        if spec.kind not in KEY_ENV:
+            return True
+        key = container_key(container.attrs, spec.kind)
+        if not key or (self.settings.BACKEND_API_KEY and key != self.settings.BACKEND_API_KEY):
+            log.info("not adopting %s: %s", container.name,
+                     "it has no API key" if not key else "its API key is not BACKEND_API_KEY")
+            return False
+        return True

@@ -41,8 +41,9 @@ class Container:
 
 
 class FakeRuntime:
-    def __init__(self, urls: dict[str, str] | None = None):
+    def __init__(self, urls: dict[str, str] | None = None, key: str | None = None):
         self.urls = urls or {}
+        self.key = key                # the backends' API key (Backend.key)
         self.containers: dict[str, Container] = {}
         self.calls: list[tuple[str, str]] = []
         self.lock = threading.Lock()
@@ -95,7 +96,7 @@ class FakeRuntime:
 
     def _backend(self, c: Container) -> Backend:
         return Backend(c.model, c.id, f"fake-{c.model}-{c.id}",
-                       self.urls.get(c.model, f"http://fake-{c.model}"))
+                       self.urls.get(c.model, f"http://fake-{c.model}"), self.key)
 
     def ping(self) -> bool:
         return self.engine_up

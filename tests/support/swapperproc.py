@@ -15,6 +15,7 @@ from .servers import free_port
 
 FIXTURE_BACKENDS = REPO / "tests" / "fixtures" / "backends"
 LABEL_STACK = "org.coding-stack.stack"
+_KEYS: dict[str, str] = {}          # stack -> the backends' key of its swappers
 
 
 def load_testbed_env() -> dict:
@@ -56,11 +57,17 @@ class SwapperProcess(ServiceProcess):
         self.stack = stack or new_stack_name()
         self.publish_port = publish_port or free_port()
         self.backend_url = f"http://127.0.0.1:{self.publish_port}"
+        # The backends' own key (BACKEND_API_KEY): what a test reaching the published
+        # port directly sends (backend_headers); a swapper run without it has a random one.
+        self.backend_key = env.pop("BACKEND_API_KEY", None) or _KEYS.setdefault(
+            self.stack, f"tb-{uuid.uuid4().hex}")       # a swapper back on its stack adopts
+        self.backend_headers = {"Authorization": f"Bearer {self.backend_key}"}
         self.env.update({
             "SWAPPER_HOST": "127.0.0.1", "SWAPPER_PORT": str(self.port),
             "BACKENDS_DIR": str(backends_dir), "STACK_NAME": self.stack,
             "BACKEND_PUBLISH_PORT": str(self.publish_port), "BACKEND_BIND": "127.0.0.1",
             "CRASH_BACKOFF": "0.5", "WATCH_INTERVAL": "0.5",
+            "BACKEND_API_KEY": self.backend_key,
             **load_testbed_env(),
         })
         self.env.update({k: str(v) for k, v in env.items()})

@@ -291,3 +291,73 @@ def test_the_first_answer_after_a_restore_tells_the_tokens_it_reused(docker_clie
         assert seen["model"] == "tiny-a" and seen["reused"] == timings["cache_n"], seen
         assert seen["processed"] == timings["prompt_n"] and seen["restored"] >= first["prompt_n"]
         requests.post(sw.url + "/unload", timeout=120)
+
+
+# ------------------------------------------------ issue 28: no side doors, no freeze
+def test_slot_actions_are_the_swappers_alone(kv_swapper):
+    """The issue's reproductions, with the real llama-server loaded: through
+    /upstream a client saved a file of its choosing into the KV folder, erased
+    a slot, and built a prefix oracle from save, restore and probe (cache_n 47
+    for the right secret vs 29/40 for wrong guesses). Each step is refused now,
+    and the published port answers none of it without the backend's own key."""
+    sw = kv_swapper
+    ask(sw, "tiny-a", "The secret is swordfish. Say OK.")
+    folder = sw.kv_root / "tiny-a"
+    before = sorted(p.name for p in folder.iterdir())
+    for action, body in (("save", {"filename": "evil.bin"}),
+                         ("restore", {"filename": "slot0.bin"}), ("erase", {})):
+        r = requests.post(f"{sw.url}/upstream/tiny-a/slots/0?action={action}", json=body,
+                          timeout=30)
+        assert r.status_code == 403, (action, r.status_code, r.text[:300])
+        assert "slot actions" in r.json()["error"]["message"]
+        # the published port: no key, no action (a page's fetch carries none)
+        d = requests.post(f"{sw.backend_url}/slots/0?action={action}", json=body, timeout=30,
+                          headers={"Origin": "https://evil.example",
+                                   "Content-Type": "text/plain"})
+        assert d.status_code == 401, (action, d.status_code, d.text[:300])
+    assert sorted(p.name for p in folder.iterdir()) == before        # nothing written
+    # the prefix oracle's probe needs the slot restored: the slot still holds the prompt
+    slots = requests.get(f"{sw.url}/upstream/tiny-a/slots", timeout=30)
+    assert slots.status_code == 200 and slots.json()[0]["id"] == 0
+    # read-only paths still serve; the backend's own key opens the port
+    assert requests.post(f"{sw.url}/upstream/tiny-a/tokenize", json={"content": "hi"},
+                         timeout=30).json()["tokens"]
+    assert requests.get(f"{sw.backend_url}/health", timeout=10).status_code == 200
+    assert requests.get(f"{sw.backend_url}/props", timeout=10).status_code == 401
+    direct = requests.post(f"{sw.backend_url}/v1/chat/completions", timeout=60,
+                           headers={"Origin": "https://evil.example"},
+                           json={"messages": [{"role": "user", "content": "hi"}],
+                                 "max_tokens": 2})
+    assert direct.status_code == 401, direct.text[:300]
+    keyed = requests.post(f"{sw.backend_url}/v1/chat/completions", timeout=60,
+                          headers=sw.backend_headers,
+                          json={"messages": [{"role": "user", "content": "hi"}],
+                                "max_tokens": 2})
+    assert keyed.status_code == 200, keyed.text[:300]
+
+
+def test_a_fifo_in_the_folder_never_freezes_the_swapper(kv_swapper):
+    """A FIFO named slot7.json froze the whole swapper (gevent blocked in its
+    read on the restore); the folders were 0777 (anyone could plant one)."""
+    sw = kv_swapper
+    folder = sw.kv_root / "tiny-a"
+    ask(sw, "tiny-a")
+    assert os.stat(folder).st_mode & 0o002 == 0, oct(os.stat(folder).st_mode)
+    ask(sw, "tiny-b", "Hi.")                        # tiny-a saved
+    os.mkfifo(folder / "slot7.json")
+    os.mkfifo(folder / "slot8.bin")
+    (folder / "stray.bin").write_bytes(b"x" * 4096)
+    done = {}
+    t = threading.Thread(target=lambda: done.setdefault("timings", ask(sw, "tiny-a")["timings"]),
+                         daemon=True)
+    t.start()                                       # the swap back: its restore
+    t0 = time.monotonic()
+    while t.is_alive() and time.monotonic() - t0 < 60:
+        r = requests.get(sw.url + "/healthz", timeout=5)    # the swapper still answers
+        assert r.status_code == 200
+        time.sleep(0.2)
+    t.join(1)
+    assert "timings" in done, "the swap back never answered"
+    assert done["timings"]["cache_n"] > 300          # the saved slot was restored
+    names = sorted(p.name for p in folder.iterdir())
+    assert "slot7.json" not in names and "slot8.bin" not in names and "stray.bin" not in names

@@ -235,7 +235,8 @@ def test_client_disconnect_stops_generation(swapper):
         next(l for l in r.iter_lines() if l.startswith(b"data: "))
     # The slot is free again soon after the client left (the backend stopped):
     def idle():
-        slots = requests.get(swapper.backend_url + "/slots", timeout=5).json()
+        slots = requests.get(swapper.backend_url + "/slots", timeout=5,
+                             headers=swapper.backend_headers).json()
         return all(not s.get("is_processing") for s in slots)
     wait_for(idle, 30, "backend slot idle after client disconnect")
     assert running(swapper)["in_flight"] == 0
@@ -247,7 +248,8 @@ def test_client_disconnect_stops_a_non_streaming_generation(swapper):
     assert requests.post(swapper.url + "/load/b", timeout=180).status_code == 200  # one slot
     max_tokens = 900                # fits tiny-b's 1024-token context: only a cut ends it early
     def backend_metric(name):
-        text = requests.get(swapper.backend_url + "/metrics", timeout=5).text
+        text = requests.get(swapper.backend_url + "/metrics", timeout=5,
+                            headers=swapper.backend_headers).text
         return float(next(l.split()[1] for l in text.splitlines() if l.startswith(name + " ")))
     before = backend_metric("llamacpp:tokens_predicted_total")
     post_and_abandon(swapper.url, "/v1/chat/completions", {

@@ -115,3 +115,45 @@ def test_other_start_errors_are_not_retried():
     with pytest.raises(BackendError, match="last line"):
         started(api)
     assert api.starts == 1
+
+
+# --------------------------------------------- issue 28: the backends' own key
+def test_a_backend_gets_its_own_key_in_its_environment_never_its_command():
+    rt = runtime()
+    args = rt._create_args(spec(), "n")
+    key = args["environment"]["LLAMA_API_KEY"]
+    assert len(key) >= 32 and key not in " ".join(args["command"])
+    assert runtime()._create_args(spec(), "n")["environment"]["LLAMA_API_KEY"] != key  # per run
+    vllm = rt._create_args(spec(kind="vllm", args=("/m",)), "n")["environment"]
+    assert vllm["VLLM_API_KEY"] == key
+    fixed = runtime(BACKEND_API_KEY="chosen")._create_args(spec(env={"X": "1"}), "n")
+    assert fixed["environment"] == {"X": "1", "LLAMA_API_KEY": "chosen"}
+    assert "chosen" not in repr(runtime(BACKEND_API_KEY="chosen").settings)
+
+
+def test_the_key_is_never_shown_and_replaces_the_clients_credentials():
+    b = Backend("m", "id", "name", "http://x", "secret-key")
+    assert "secret-key" not in repr(b)
+    assert runtime_module.auth_headers(b) == {"Authorization": "Bearer secret-key"}
+    fwd = runtime_module.with_backend_key(
+        {"Authorization": "Bearer the-proxy-key", "X-Api-Key": "the-proxy-key", "A": "b"}, b)
+    assert dict(fwd) == {"A": "b", "Authorization": "Bearer secret-key"}
+    keyless = Backend("m", "id", "name", "http://x")
+    assert runtime_module.auth_headers(keyless) == {}
+
+
+class _C:
+    def __init__(self, env, name="old"):
+        self.attrs = {"Config": {"Env": env}}
+        self.name = name
+
+
+def test_adoption_takes_a_backend_only_with_a_key_it_may_use():
+    rt = runtime()
+    assert not rt._key_fits(spec(), _C(["PATH=/bin"]))                 # an open door
+    assert rt._key_fits(spec(), _C(["LLAMA_API_KEY=earlier"]))          # this run's is random
+    fixed = runtime(BACKEND_API_KEY="chosen")
+    assert not fixed._key_fits(spec(), _C(["LLAMA_API_KEY=earlier"]))
+    assert fixed._key_fits(spec(), _C(["LLAMA_API_KEY=chosen"]))
+    assert runtime_module.container_key({"Config": {"Env": ["LLAMA_API_KEY=k=1"]}},
+                                        "llamacpp") == "k=1"

@@ -84,3 +84,17 @@ def test_options_is_answered_without_a_load(backend):
     r = c.options("/upstream/tiny-a/slots/0")
     assert r.status_code == 403
     assert backend.heads == [] and starts(runtime) == []
+
+
+def test_the_backend_gets_its_key_not_the_clients(backend):
+    """The swapper adds the backend's own key to what it forwards; the client's
+    credentials (the proxy's API_KEY) never reach the backend."""
+    from tests.support.fake_runtime import FakeRuntime
+    app, _ = make_app({}, FakeRuntime({"tiny-a": backend.url}, key="backend-secret"))
+    c = app.test_client()
+    r = c.get("/upstream/tiny-a/props", headers={"Authorization": "Bearer proxy-key",
+                                                 "X-Api-Key": "proxy-key"}, buffered=True)
+    assert r.status_code == 200
+    head = backend.heads[-1].decode().lower()
+    assert "authorization: bearer backend-secret" in head
+    assert "proxy-key" not in head
