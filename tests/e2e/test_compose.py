@@ -34,6 +34,7 @@ class Compose:
             "STACK_NAME": self.stack,
             "PROXY_PORT": str(self.proxy_port), "PROXY_BIND": "127.0.0.1",
             "BACKEND_PUBLISH_PORT": str(self.backend_port),
+            "BACKEND_API_KEY": "e2e-backend-key",
             "PYTHON_BASE_IMAGE": os.environ["TESTBED_BASE_IMAGE"],
             "WEB_SEARCH": "0",        # no SearXNG in this test; the search loop has its own tests
             "PWD": str(cwd),
@@ -140,10 +141,13 @@ def test_the_stack_end_to_end(stack):
     backends = stack_containers(docker.from_env(), stack.stack, running_only=True)
     assert [c.labels["org.coding-stack.model"] for c in backends] == ["tiny-b"]
 
-    # the resident backend, directly on its published port
-    direct = requests.post(f"http://127.0.0.1:{stack.backend_port}/v1/chat/completions",
-                           json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
-                           timeout=60)
+    # the resident backend, directly on its published port: with its own key only
+    # (BACKEND_API_KEY; issue 28: the port is no side door for a web page)
+    url = f"http://127.0.0.1:{stack.backend_port}/v1/chat/completions"
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    assert requests.post(url, json=body, timeout=60).status_code == 401
+    direct = requests.post(url, json=body, timeout=60,
+                           headers={"Authorization": "Bearer e2e-backend-key"})
     assert direct.status_code == 200 and direct.json()["choices"]
 
 
