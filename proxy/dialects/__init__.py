@@ -32,7 +32,7 @@ from common.errors import ApiError
 from common.failures import message_of
 from common.streaming import forward_headers, relay, sse_response
 
-from .. import normalize
+from .. import normalize, progress
 from ..metrics import MODEL
 from ..search import rounds
 from ..search.engine import TOOL_NAME
@@ -69,7 +69,8 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     model = body.get("model") if isinstance(body.get("model"), str) else None
     request.environ[MODEL] = model                   # for the metrics: no second parse
     info = _Lazy(lambda: catalog.lookup(model))
-    changed = bool(agents and agents.fix(d.name, body, info()))
+    changed = progress.strip(d.name, body)          # our wait's progress: never the model's
+    changed |= bool(agents and agents.fix(d.name, body, info()))
     # tools the backend cannot see as they came (Codex's namespaces): plain ones
     names = m.flatten(body) if hasattr(m, "flatten") else {}
     changed |= bool(names)
@@ -86,7 +87,7 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     if tool is not None:
         ad = d.adapter(body, tool, parts, request)
         ad.names = names
-        return rounds.serve(ad, stream)
+        return _in_progress(d, body, rounds.serve(ad, stream))
 
     # nothing to change: the client's bytes, as they came
     headers, environ = forward_headers(request.headers), request.environ
@@ -107,12 +108,23 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     if not task.wait(interval):
         # No head from the backend yet (llama-server sends it with the first
         # token, after the prefill): the stream starts now, kept alive.
-        return sse_response(_late(m, task, body, environ, interval, names))
+        return _in_progress(d, body, sse_response(_late(m, task, body, environ, interval,
+                                                        names)))
     r = task.result()
     if r.status_code != 200:
         return error_answer(r)
-    return relay(r, body=m.straight_stream(
-        kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body, names))
+    return _in_progress(d, body, relay(r, body=m.straight_stream(
+        kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body, names)))
+
+
+def _in_progress(d: Dialect, body: dict, resp: Response) -> Response:
+    """A stream that waits carries the dialect's progress, which the client's idle
+    timer counts, until its first event (proxy/progress.py): the one place every
+    streamed answer passes, whatever made it."""
+    if resp.status_code == 200 and resp.is_streamed and \
+            resp.mimetype == "text/event-stream":
+        resp.response = progress.kept_in_progress(d.name, body, resp.response)
+    return resp
 
 
 def _budget(m, body: dict, own_tools: bool, settings, info) -> bool:

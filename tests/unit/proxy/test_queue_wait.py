@@ -80,7 +80,9 @@ def test_a_stream_that_waited_for_the_load_and_a_request_admitted_at_once(stack)
     body = b"".join(pieces)
     wait = queuewait.from_piece(body)
     assert wait is not None and wait > 0
-    assert body.index(b": queue-wait ") < body.index(b"data: {")     # before the events
+    # before the backend's events; the client's progress chunks (proxy/progress.py) first
+    assert body.index(b'"delta":{"role":"assistant","content":""}') < \
+        body.index(b": queue-wait ") < body.index(b'"model":"scripted-model"')
     (rec,) = records(client)
     assert rec["queue_wait"] == wait and rec["queue_wait"] <= rec["seconds"]
     assert rec["status"] == 200 and rec["stream"] is True
