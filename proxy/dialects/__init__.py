@@ -17,7 +17,10 @@ Either way, a backend's error an agent can act on (a chat-template exception, a
 prompt over the context: agents.backend_error) is a 400 in the dialect's shape, and
 a stream whose backend has not sent its head within KEEPALIVE_INTERVAL starts at
 once and carries SSE comments until the first event (an error after that is the
-dialect's error event, its message the same).
+dialect's error event, its message the same). Every streamed answer passes
+progress.kept_in_progress: the comments before its first event come with the
+dialect's progress events, which agents' idle timers count; progress.strip takes
+ours out of a conversation an agent sends back.
 """
 from __future__ import annotations
 
