@@ -136,9 +136,11 @@ class RequestGuard:
                 environ[key] = _collapsed(value)
         chunked = not environ.get("CONTENT_LENGTH") and \
             "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+        body = None
         if self.body_timeout is not None and (chunked or environ.get("CONTENT_LENGTH",
                                                                        "0") not in ("", "0")):
-            environ["wsgi.input"] = TimedBody(environ, self.body_timeout)
+            body = environ["wsgi.input"] = TimedBody(environ, self.body_timeout)
+            start_response = _closing_unless_read(start_response, environ, body)
         if self.max_body is not None and chunked:
             try:
                 body = _read_at_most(environ["wsgi.input"], self.max_body + 1)
@@ -162,6 +164,17 @@ def _collapsed(target: str) -> str:
         head, target = f"{scheme}://{authority}", slash + rest
     path, sep, query = target.partition("?")
     return head + _SLASHES.sub("/", path) + sep + query
+
+
+def _closing_unless_read(start_response, environ: dict, body: "TimedBody"):
+    """start_response, closing the connection after an answer given before its
+    request's body was read to the end (a 413 on a declared length, a 401, any
+    early error): gunicorn would wait for the rest, with no deadline."""
+    def start(status, headers, exc_info=None):
+        if not body.complete:
+            close_connection(environ)
+        return start_response(status, headers, exc_info)
+    return start
 
 
 def close_connection(environ: dict) -> None:
@@ -189,6 +202,9 @@ class TimedBody:
         self._sock = environ.get("gunicorn.socket")
         self._deadline = time.monotonic() + timeout
         self._timeout = timeout
+        length = environ.get("CONTENT_LENGTH") or ""
+        self._left = int(length) if length.isdigit() else None     # None: chunked
+        self.complete = False           # read to its end
 
     def _call(self, fn, *args):
         remaining = self._deadline - time.monotonic()
@@ -209,6 +225,10 @@ class TimedBody:
                 except OSError:
                     pass
         self._deadline += len(data) / BODY_RATE
+        if self._left is not None:
+            self._left -= len(data)
+        if not data or (self._left is not None and self._left <= 0):
+            self.complete = True
         return data
 
     def _expired(self):
@@ -223,7 +243,7 @@ class TimedBody:
     def readline(self, size: int | None = -1) -> bytes:
         return self._call(self._stream.readline, size)
 
-    def readlines(self, hint=None) -> list[bytes]:
+    def readlines(self, hint=None) -> list[bytes]:  # noqa: ARG002
         return list(iter(self.readline, b""))
 
     def __iter__(self):

@@ -24,8 +24,9 @@ use it or read from it. One WSGI middleware, outermost, before anything else run
   and its preflight (OPTIONS with Access-Control-Request-Method) is answered here,
   so a preflight never reaches a route (never a load, never a swap).
 
-Every refusal is in the OpenAI envelope; `on_refusal(environ, status)` is told
-(the proxy counts them).
+Every refusal is in the OpenAI envelope (`shape(environ, response)` may recast it:
+the proxy's /v1/messages answers in Anthropic's error shape); `on_refusal(environ,
+status)` is told (the proxy counts them).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from typing import Callable, Iterable
 from urllib.parse import urlsplit
 
 from .errors import error_response
+from .guard import close_connection
 
 # Content-Types a browser sends cross-origin without a preflight (Fetch standard).
 SAFELISTED_TYPES = frozenset({"application/x-www-form-urlencoded", "multipart/form-data",
@@ -86,8 +88,10 @@ class OriginGuard:
     def __init__(self, app, *, allowed_hosts: Iterable[str] = (),
                  cors_origins: Iterable[str] = (),
                  public: Callable[[str, str], bool] = lambda method, path: False,
-                 on_refusal: Callable[[dict, int], None] | None = None):
+                 on_refusal: Callable[[dict, int], None] | None = None,
+                 shape: Callable[[dict, object], object] | None = None):
         self.app = app
+        self.shape = shape      # shape(environ, response): a refusal in a route's own shape
         hosts = {h.lower().rstrip(".") for h in allowed_hosts}
         self.any_host = "*" in hosts
         self.hosts = frozenset(hosts - {"*"})
@@ -159,8 +163,11 @@ class OriginGuard:
             status, code, message = refused
             if self.on_refusal is not None:
                 self.on_refusal(environ, status)
-            headers = {"Connection": "close"} if has_body(environ) else None
-            resp = error_response(message, status, code=code, headers=headers)
+            if has_body(environ):
+                close_connection(environ)       # its body is never read
+            resp = error_response(message, status, code=code)
+            if self.shape is not None:
+                resp = self.shape(environ, resp)
             return resp(environ, start_response)
         origin = (environ.get("HTTP_ORIGIN") or "").strip().rstrip("/")
         cors = origin if origin and origin.lower() in self.cors else None

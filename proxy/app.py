@@ -14,7 +14,7 @@ import time
 from flask import Flask, Response, current_app, request
 
 from common.errors import error_response, install_error_handlers
-from common.guard import harden
+from common.guard import close_connection, harden
 from common.origins import OriginGuard, has_body, split_list
 
 from . import console, dialects
@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         allowed_hosts=split_list(settings.ALLOWED_HOSTS),
         cors_origins=split_list(settings.CORS_ORIGINS),
         public=lambda method, path: method in ("GET", "HEAD") and console.is_public(path),
-        on_refusal=refused)
+        on_refusal=refused, shape=shaped)
     return app
 
 
@@ -82,14 +82,19 @@ class KeyCheck:
             if not token or not hmac.compare_digest(token.encode("utf-8", "replace"),
                                                     self.key):
                 self.on_refusal(environ, 401)
+                if has_body(environ):
+                    close_connection(environ)       # its body is never read
                 resp = error_response("missing or wrong API key: send "
                                       "'Authorization: Bearer <API_KEY>'", 401,
                                       code="invalid_api_key",
-                                      headers={"WWW-Authenticate": "Bearer",
-                                               **({"Connection": "close"}
-                                                  if has_body(environ) else {})})
-                return resp(environ, start_response)
+                                      headers={"WWW-Authenticate": "Bearer"})
+                return shaped(environ, resp)(environ, start_response)
         return self.app(environ, start_response)
+
+
+def shaped(environ: dict, resp: Response) -> Response:
+    """A refusal of the door in its route's error shape (Anthropic's on /v1/messages)."""
+    return dialects.anthropic_errors(resp, environ.get("PATH_INFO", ""))
 
 
 def before():

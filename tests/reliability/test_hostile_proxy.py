@@ -24,6 +24,7 @@ from tests.support.rawhttp import send
 from tests.support.searxng import FakeSearxng
 
 LIMIT = 65536          # the proxy's MAX_BODY_BYTES here
+BODY_TIMEOUT = 3.0     # its BODY_TIMEOUT
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,8 @@ def searx():
 @pytest.fixture(scope="module")
 def proxy(backend, searx):
     with ProxyProcess(BACKEND_URL=backend.url, SEARXNG_URL=searx.url, MAX_BODY_BYTES=LIMIT,
-                      MODELS_TTL=60, SYSTEM_PROMPT="", LOG_LEVEL="warning") as p:
+                      MODELS_TTL=60, SYSTEM_PROMPT="", LOG_LEVEL="warning",
+                      BODY_TIMEOUT=BODY_TIMEOUT) as p:
         yield p
 
 
@@ -188,9 +190,19 @@ def test_dot_segments_never_reach_another_route(proxy, backend, method, target):
 
 
 def test_an_absolute_form_target_is_checked_too(proxy, backend):
+    # example.com is not a name of this proxy (issue 28: its authority stands for Host)
     ans = send(proxy.url, "POST", "http://example.com/upstream/m/..%2f..%2funload")
+    assert ans.status == 421, ans.body
+    ans = send(proxy.url, "POST", proxy.url + "/upstream/m/..%2f..%2funload")
     assert ans.status == 400, ans.body
     assert backend.other == []
+
+
+def test_an_absolute_form_target_is_not_mangled(proxy, backend):
+    """Issue 28: the slash collapse made `http://host//x` into `http:/host/x`."""
+    ans = send(proxy.url, "GET", proxy.url + "//upstream//m//props")
+    assert ans.status == 200, ans.body
+    assert backend.other[-1]["path"] == "/upstream/m/props"
 
 
 @pytest.mark.parametrize("target", ["/upstream/m/props", "/upstream/qwen3.8-27b/v1/models",
@@ -383,3 +395,142 @@ def test_no_path_trick_reaches_a_route_it_does_not_name(proxy, backend, prefix, 
     for rec in backend.other[before:]:
         # What reached the backend is the path as sent: nothing was resolved away.
         assert rec["path"] in (sent, sent.rstrip("/")), (target, rec["path"])
+
+
+# ------------------------------------------------------------------- issue 28: the door
+
+BROWSERS = st.sampled_from([
+    {"Origin": "https://evil.example"}, {"Origin": "null"},
+    {"Origin": "http://localhost:3000"}, {"Origin": "http://127.0.0.1:1"},
+    {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"},
+    {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "navigate"},
+    {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors",
+     "Origin": "https://evil.example"},
+])
+REBOUND = st.sampled_from(["evil.example", "evil.example:11433", "rebind.test:1",
+                           "localhost.evil.example", "127.0.0.1.nip.io", "swapper:9000"])
+
+
+def no_cors(ans, what):
+    assert not any(k.startswith("access-control-") for k in ans.headers), (what, ans.headers)
+
+
+@settings(max_examples=120)
+@given(method=st.sampled_from(hostile.METHODS), path=st.sampled_from(PROXY_ROUTES),
+       ctype=st.sampled_from(hostile.CONTENT_TYPES), browser=BROWSERS,
+       body=st.one_of(st.none(), hostile.raw_bodies(hostile.chat_bodies(st.just("m")))))
+def test_no_other_origin_reaches_any_route(proxy, backend, method, path, ctype, browser,
+                                           body):
+    before = len(backend.other), len(backend.requests)
+    headers = {**browser, **({"Content-Type": ctype} if ctype else {})}
+    ans = send(proxy.url, method, path, headers, body)
+    what = f"{method} {path} {browser} ({ctype})"
+    hostile.check(ans, what, dialects=True)
+    assert ans.status == 403, (what, ans.status, ans.body[:200])
+    no_cors(ans, what)
+    assert (len(backend.other), len(backend.requests)) == before, f"{what} reached the backend"
+
+
+@settings(max_examples=80)
+@given(method=st.sampled_from(hostile.METHODS), path=st.sampled_from(PROXY_ROUTES + ["/ui"]),
+       host=REBOUND, same=st.booleans())
+def test_no_rebound_name_reaches_any_route(proxy, backend, method, path, host, same):
+    """A DNS-rebinding page: its own name, its own origin (so same-origin to the browser)."""
+    before = len(backend.other), len(backend.requests)
+    headers = {"Host": host, **({"Origin": f"http://{host}"} if same else {})}
+    ans = send(proxy.url, method, path, headers, b"{}" if method == "POST" else None)
+    hostile.check(ans, f"{method} {path} Host {host}", dialects=True)
+    assert ans.status == 421, (host, ans.status)
+    no_cors(ans, host)
+    assert (len(backend.other), len(backend.requests)) == before
+
+
+@settings(max_examples=60)
+@given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/messages",
+                             "/v1/responses", "/load", "/v1/embeddings"]),
+       ctype=st.sampled_from([None, "text/plain", "text/plain; charset=utf-8",
+                              "application/x-www-form-urlencoded",
+                              "multipart/form-data; boundary=x"]),
+       site=st.sampled_from([{"Origin": None}, {"Sec-Fetch-Site": "same-origin"},
+                             {"Sec-Fetch-Site": "same-origin", "Origin": None}]))
+def test_a_browsers_simple_body_is_never_taken_for_json(proxy, backend, path, ctype, site):
+    """The same origin too (a rebinding page that got past Host would be one)."""
+    origin = proxy.url
+    headers = {k: (origin if v is None else v) for k, v in site.items()}
+    if ctype:
+        headers["Content-Type"] = ctype
+    before = len(backend.other), len(backend.requests)
+    ans = send(proxy.url, "POST", path, headers, hostile.dumps(chat_body()))
+    hostile.check(ans, f"POST {path} {headers}", dialects=True)
+    assert ans.status == 415, (path, headers, ans.status)
+    assert (len(backend.other), len(backend.requests)) == before
+
+
+@settings(max_examples=40)
+@given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/models"]),
+       ctype=st.sampled_from(["application/json", "application/x-www-form-urlencoded", None]),
+       host=st.sampled_from(["localhost", "127.0.0.1", "[::1]", "api.localhost"]))
+def test_curl_sdks_and_agents_pass_unchanged(proxy, backend, path, ctype, host):
+    """No Origin, no Sec-Fetch-*: curl -d (a form type), SDKs, agents."""
+    port = proxy.url.rsplit(":", 1)[1]
+    headers = {"Host": f"{host}:{port}", **({"Content-Type": ctype} if ctype else {})}
+    method = "GET" if path == "/v1/models" else "POST"
+    ans = send(proxy.url, method, path, headers, hostile.dumps(chat_body(max_tokens=3))
+               if method == "POST" else None)
+    assert ans.status == 200, (path, ctype, host, ans.status, ans.body[:200])
+    no_cors(ans, path)
+
+
+def test_a_text_plain_chat_from_another_origin_reads_nothing(proxy, backend):
+    """The issue's curl: `-H 'Origin: https://evil.example' -H 'Content-Type:
+    text/plain'` answered with Access-Control-Allow-Origin and the answer."""
+    ans = send(proxy.url, "POST", "/v1/chat/completions",
+               {"Origin": "https://evil.example", "Content-Type": "text/plain"},
+               hostile.dumps(chat_body(max_tokens=3)))
+    assert ans.status == 403 and ans.envelope["code"] == "cross_origin_refused"
+    assert "access-control-allow-origin" not in ans.headers
+    assert b"ok" not in ans.body
+
+
+# ------------------------------------------------------------------- issue 28: bodies
+
+def trickler(url: str, length: int, path: str = "/v1/chat/completions") -> socket.socket:
+    host, port = url.rsplit("/", 1)[1].split(":")
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: "
+              f"application/json\r\nContent-Length: {length}\r\n\r\n{{".encode())
+    return s
+
+
+@pytest.mark.parametrize("length, status", [(1000, b"408"), (LIMIT + 1, b"413")])
+def test_a_thousand_trickling_bodies_do_not_lock_new_clients_out(proxy, backend, length,
+                                                                  status):
+    """1,000 bodies at a byte every 20 s held all of gunicorn's 1,000 connections for as
+    long as they trickled; now each is cut at BODY_TIMEOUT (408, closed). A body refused
+    before it was read (413 on its declared length; 401 and 403 alike) closes its
+    connection at once: gunicorn drained the rest with no deadline."""
+    socks = []
+    try:
+        for _ in range(1000):
+            socks.append(trickler(proxy.url, length))
+        time.sleep(0.5)
+        for s in socks[:50]:
+            s.sendall(b" ")                          # still trickling
+        t0 = time.monotonic()
+        ans = send(proxy.url, "GET", "/v1/models", timeout=BODY_TIMEOUT + 20)
+        waited = time.monotonic() - t0
+        assert ans.status == 200
+        assert waited < BODY_TIMEOUT + 10, waited
+        # each trickler got its 408 and its connection was closed
+        s = socks[0]
+        s.settimeout(10)
+        got = b""
+        while True:
+            piece = s.recv(65536)
+            if not piece:
+                break
+            got += piece
+        assert got.startswith(b"HTTP/1.1 " + status), got[:100]
+    finally:
+        for s in socks:
+            s.close()

@@ -51,7 +51,9 @@ def send(url: str, method: str, target: str, headers: dict | None = None,
     """One request on a fresh connection. `target` goes on the request line untouched;
     `chunks` sends a chunked body."""
     u = urlsplit(url)
-    head = [f"{method} {target} HTTP/1.1", f"Host: {u.hostname}:{u.port}", "Connection: close"]
+    head = [f"{method} {target} HTTP/1.1", "Connection: close"]
+    if not any(k.lower() == "host" for k in (headers or {})):     # a Host of the caller's
+        head.insert(1, f"Host: {u.hostname}:{u.port}")
     for k, v in (headers or {}).items():
         head.append(f"{k}: {v}")
     payload = b""

@@ -162,3 +162,21 @@ def test_a_fast_body_earns_more_time():
     deadline = body._deadline
     assert len(body.read(-1)) == 1 << 20
     assert body._deadline == pytest.approx(deadline + (1 << 20) / guard.BODY_RATE)
+
+
+def test_an_answer_before_the_body_was_read_closes_the_connection():
+    """A 413 on a declared length (or any answer given before the body was read to
+    its end): gunicorn drained the rest with no deadline, holding the connection."""
+    class Body(io.BytesIO):
+        failed = False
+    for read, closes in ((0, True), (10, True), (100, False)):
+        body = Body(b"x" * 100)
+        env = {"wsgi.input": body, "CONTENT_LENGTH": "100", "PATH_INFO": "/x"}
+
+        def app(environ, start_response, n=read):
+            if n:
+                environ["wsgi.input"].read(n)
+            start_response("200 OK", [])
+            return [b""]
+        guard.RequestGuard(app, 1000, body_timeout=5)(env, lambda *a: None)
+        assert body.failed is closes, read

@@ -72,6 +72,11 @@ def test_another_origin_reaches_no_route(upstream, method, path, headers):
                headers={**headers, "Content-Type": "application/json"})
     if method == "HEAD":
         assert r.status_code == 403 and r.data == b""
+    elif path == "/v1/messages":                   # Claude Code reads Anthropic's shape
+        assert r.status_code == 403
+        body = r.get_json()
+        assert body["type"] == "error" and body["error"]["type"] == "permission_error"
+        assert "another origin" in body["error"]["message"]
     else:
         assert "another origin" in envelope(r, 403, "cross_origin_refused")
     assert not any(k.lower().startswith("access-control-") for k in r.headers.keys())
@@ -228,6 +233,8 @@ def test_a_browsers_empty_post_passes(upstream):
 # ------------------------------------------------------------- the API key first
 
 class Untouchable(io.RawIOBase):
+    failed = False          # as gunicorn's Body: True, and gunicorn closes instead of draining
+
     def read(self, *a):
         raise AssertionError("the body was read before the key was checked")
     readline = readinto = read
@@ -238,15 +245,24 @@ class Untouchable(io.RawIOBase):
 def test_the_key_is_checked_before_the_body_is_read(upstream, extra):
     app = create_app(Settings.from_env({}, BACKEND_URL=upstream.url, API_KEY="k",
                                        WEB_SEARCH=False))
+    body = Untouchable()
     env = {"REQUEST_METHOD": "POST", "PATH_INFO": "/v1/chat/completions",
            "SERVER_NAME": "localhost", "SERVER_PORT": "11433", "HTTP_HOST": "localhost",
-           "wsgi.url_scheme": "http", "wsgi.input": Untouchable(), "wsgi.errors": io.StringIO(),
+           "wsgi.url_scheme": "http", "wsgi.input": body, "wsgi.errors": io.StringIO(),
            "CONTENT_TYPE": "application/json", **extra}
     status = []
-    body = b"".join(app.wsgi_app(env, lambda s, h, e=None: status.append((s, dict(h)))))
-    assert status[0][0].startswith("401") and b"invalid_api_key" in body
-    assert status[0][1].get("Connection") == "close"         # the unread body ends it
+    out = b"".join(app.wsgi_app(env, lambda s, h, e=None: status.append((s, dict(h)))))
+    assert status[0][0].startswith("401") and b"invalid_api_key" in out
+    assert body.failed is True               # the unread body ends the connection
     assert upstream.heads == []
+
+
+def test_a_wrong_key_on_messages_is_still_anthropics_401(upstream):
+    r = client(upstream, API_KEY="k").post("/v1/messages", data=CHAT, headers={
+        "x-api-key": "wrong", "Content-Type": "application/json"})
+    assert r.status_code == 401
+    assert r.get_json()["error"]["type"] == "authentication_error"
+    assert r.get_json()["type"] == "error"
 
 
 def test_refusals_are_counted_with_bounded_labels(upstream):
