@@ -122,6 +122,59 @@ def test_config_is_a_group_per_model_over_the_stacks_that_declare_it(fleet):
     assert {"alpha", "beta", "gamma", "scripted-model"} <= {m["id"] for m in r.json()["data"]}
 
 
+# ------------------------------------------------------------------ the router's key
+
+@pytest.mark.parametrize("key", [None, "sk-wrong", "not-even-sk"])
+def test_no_key_or_a_wrong_key_is_a_401(fleet, key):
+    """Issue 30: no key was a 500 (LiteLLM's auth-error path imports prisma, which its
+    proxy extra does not install: deploy/fleet/requirements.txt adds it), a wrong key
+    a 400 "No connected db." (the plugin's custom_auth checks the master key). Chat,
+    Responses and Messages, raw and through the OpenAI and Anthropic SDKs (an auth
+    error the client shows, never retried); nothing reaches a stack."""
+    import openai
+
+    def posts() -> float:                   # the model requests the stacks' proxies counted
+        return sum(scrape(p.url).value("proxy_requests_total", method="POST")
+                   for p in (fleet.pa, fleet.pb))
+    n0 = posts()
+    body = {"model": "beta", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    for path, headers in (
+            ("/v1/chat/completions", {"Authorization": f"Bearer {key}"} if key else {}),
+            ("/v1/responses", {"Authorization": f"Bearer {key}"} if key else {}),
+            ("/v1/messages", {"x-api-key": key, "anthropic-version": "2023-06-01"} if key
+             else {"anthropic-version": "2023-06-01"})):
+        data = {"model": "beta", "input": "hi"} if path == "/v1/responses" else body
+        r = requests.post(fleet.url + path, json=data, headers=headers, timeout=30)
+        assert r.status_code == 401, (path, r.status_code, r.text)
+        err = r.json()["error"]
+        assert err["type"] == "auth_error" and "Authentication Error" in err["message"], err
+    if key:
+        c = openai.OpenAI(base_url=fleet.url + "/v1", api_key=key, max_retries=0, timeout=30)
+        with pytest.raises(openai.AuthenticationError):
+            c.chat.completions.create(model="beta", max_tokens=2,
+                                      messages=[{"role": "user", "content": "hi"}])
+        a = anthropic.Anthropic(base_url=fleet.url, api_key=key, max_retries=0, timeout=30)
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            a.messages.create(**body)
+        assert "Authentication Error" in str(e.value)
+    assert posts() == n0                               # no 401 reached a stack
+    r = chat(fleet.url, "beta")                        # the master key still passes
+    assert r.status_code == 200, r.text
+    wait_for(lambda: posts() == n0 + 1, "the one request counted on a stack", 10)
+
+
+def test_no_virtual_keys_and_the_database_error_is_said(fleet):
+    """This router keeps no virtual keys (no database: Prisma's engines cannot be
+    installed here; README "Several GPU hosts", Keys): /key/generate with the master
+    key answers LiteLLM's JSON error naming the missing database -- with the prisma
+    package installed (deploy/fleet/requirements.txt); without it, a bare-text 500
+    (LiteLLM's error path imports prisma)."""
+    r = requests.post(fleet.url + "/key/generate", json={"max_budget": 1}, timeout=30,
+                      headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 500, r.text
+    assert "DB not connected" in r.json()["error"]["message"], r.text
+
+
 # ------------------------------------------------------------------ routing
 
 def test_alpha_goes_to_a_and_gamma_to_b(fleet):
@@ -206,6 +259,32 @@ def test_a_session_stays_on_its_stack_over_a_resident_elsewhere(fleet, how):
     load(fleet.pa.url, "beta")
     assert ok_from(fleet, "beta") == "A"       # no session: where it is resident
     assert turn() == "B"                       # the session: where it was
+
+
+def test_a_sessions_call_to_a_second_model_does_not_move_its_first(fleet):
+    """Issue 30: a session on B for beta asks once for alpha (only A declares it); its
+    next beta turns go back to B, where beta is resident and its cache is -- not to
+    A, where the session last went (that swapped alpha out). Stickiness is per
+    session and model: 0 swaps, no load after alpha's."""
+    unload_all(fleet)
+    load(fleet.pb.url, "beta")
+    session = {"X-Claude-Code-Session-Id": str(uuid.uuid4())}
+    r = chat(fleet.url, "beta", headers=session)
+    assert r.status_code == 200 and served_by(r, fleet.stacks) == "B", r.text
+    r = chat(fleet.url, "alpha", headers=session)                   # a load on idle A
+    assert r.status_code == 200 and served_by(r, fleet.stacks) == "A", r.text
+    time.sleep(1.2)                                                 # the poller sees alpha on A
+    before = counts(fleet)
+    for _ in range(3):
+        r = chat(fleet.url, "beta", headers=session)
+        assert r.status_code == 200 and served_by(r, fleet.stacks) == "B", r.text
+    r = chat(fleet.url, "alpha", headers=session)                   # and alpha stays on A
+    assert r.status_code == 200 and served_by(r, fleet.stacks) == "A", r.text
+    after = counts(fleet)
+    assert swaps(before, after) == {"A": 0, "B": 0}
+    assert loads(before, after) == {"A": 0, "B": 0}
+    assert [requests.get(sw.url + "/healthz", timeout=5).json()["model"]
+            for sw in (fleet.sa, fleet.sb)] == ["alpha", "beta"]
 
 
 def test_agents_tier_names_go_to_the_sessions_stack_with_no_load(fleet):

