@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "scripts" / "models.toml"
 HUB = "https://huggingface.co"
 # Variables read from the environment, else from the repo's .env (as docker compose does).
-ENV_KEYS_STATIC = ("MODELS_DIR", "HF_HOME", "HF_TOKEN", "HF_ENDPOINT")
+ENV_KEYS_STATIC = ("MODELS_DIR", "HF_HOME", "HF_TOKEN", "HF_ENDPOINT", "DOWNLOAD_HEADROOM_PCT")
 
 
 class FetchError(RuntimeError):
@@ -428,7 +429,8 @@ def resolve_url(endpoint: str, repo: str, remote: str, revision: str = "main") -
     return f"{endpoint}/{repo}/resolve/{quote(revision, safe='')}/{quote(remote)}"
 
 
-def _request(url: str, env: dict, method: str = "GET", headers: dict | None = None):
+def _request(url: str, env: dict, method: str = "GET", headers: dict | None = None,
+             opener=None):
     import urllib.request
     req = urllib.request.Request(url, method=method, headers={
         "User-Agent": "coding-stack download-model", "Accept-Encoding": "identity",
@@ -436,7 +438,7 @@ def _request(url: str, env: dict, method: str = "GET", headers: dict | None = No
     if env.get("HF_TOKEN"):
         # Not sent on to where the Hub redirects (its CDN), as huggingface_hub does.
         req.add_unredirected_header("Authorization", f"Bearer {env['HF_TOKEN']}")
-    return urllib.request.urlopen(req, timeout=HTTP_TIMEOUT)
+    return (opener.open if opener else urllib.request.urlopen)(req, timeout=HTTP_TIMEOUT)
 
 
 def _http_failure(repo: str, what: str, e: BaseException, env: dict) -> FetchError:
@@ -456,71 +458,198 @@ def _http_failure(repo: str, what: str, e: BaseException, env: dict) -> FetchErr
                       "network")
 
 
+@dataclass
+class Remote:
+    """What the Hub says of a file (HEAD on its resolve URL, redirects followed):
+    its exact size, its ETag (for an LFS file: its sha256), the commit it
+    resolved to (X-Repo-Commit)."""
+    size: int | None = None
+    etag: str | None = None
+    commit: str | None = None
+
+    @property
+    def sha256(self) -> str | None:
+        """The file's sha256 when the Hub gives it (an LFS file's ETag is its sha256)."""
+        e = (self.etag or "").lower()
+        return e if len(e) == 64 and all(c in "0123456789abcdef" for c in e) else None
+
+
+def _etag(value: str | None) -> str | None:
+    if not value:
+        return None
+    value = value.strip()
+    if value.startswith("W/"):
+        value = value[2:]
+    return value.strip('"') or None
+
+
+def remote_info(url: str, repo: str, what: str, env: dict) -> Remote:
+    """The Hub's answer to a HEAD on the resolve URL, read before any redirect (the
+    Hub puts X-Repo-Commit, X-Linked-Etag and X-Linked-Size on its redirect to the
+    CDN, whose own ETag is another thing); a redirect without them (a renamed
+    repository) is followed."""
+    import urllib.error
+    import urllib.request
+
+    class Stay(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *a, **kw):
+            return None                         # urlopen raises HTTPError(3xx)
+
+    try:
+        try:
+            h = _request(url, env, "HEAD", opener=urllib.request.build_opener(Stay)).headers
+        except urllib.error.HTTPError as e:
+            if not 300 <= e.code < 400:
+                raise
+            h = e.headers
+            if not (h.get("X-Repo-Commit") and h.get("X-Linked-Size")):
+                with _request(url, env, "HEAD") as r:
+                    h = r.headers
+        size = h.get("X-Linked-Size") or h.get("Content-Length")
+        return Remote(int(size) if size and size.isdigit() else None,
+                      _etag(h.get("X-Linked-Etag") or h.get("ETag")),
+                      h.get("X-Repo-Commit") or None)
+    except Exception as e:
+        raise _http_failure(repo, what, e, env) from None
+
+
 def remote_size(url: str, repo: str, what: str, env: dict) -> int | None:
     """The file's exact size from the Hub (HEAD on its resolve URL, redirects
     followed: X-Linked-Size, else Content-Length)."""
+    return remote_info(url, repo, what, env).size
+
+
+def headroom_bytes(folder: Path, env: dict) -> int:
+    """What a download must leave free on the disk of `folder`:
+    DOWNLOAD_HEADROOM_PCT (default 5) percent of that disk."""
     try:
-        with _request(url, env, "HEAD") as r:
-            size = r.headers.get("X-Linked-Size") or r.headers.get("Content-Length")
-    except Exception as e:
-        raise _http_failure(repo, what, e, env) from None
-    return int(size) if size and size.isdigit() else None
+        pct = float(env.get("DOWNLOAD_HEADROOM_PCT") or 5)
+    except ValueError:
+        pct = 5.0
+    return int(shutil.disk_usage(folder).total * max(pct, 0.0) / 100)
+
+
+def _pause() -> None:
+    """Let others run between two chunks (time.sleep(0): a yield under gevent,
+    where the swapper runs this; nothing in a plain process)."""
+    time.sleep(0)
+
+
+def _remove(*paths: Path) -> None:
+    for p in paths:
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _pinned_url(url: str, commit: str | None) -> str:
+    """`url` (…/resolve/<revision>/<file>) at the commit `commit` (the revision a
+    download started from: a resume never takes bytes of another version)."""
+    if not commit or "/resolve/" not in url:
+        return url
+    head, _, rest = url.partition("/resolve/")
+    _rev, _, path = rest.partition("/")
+    return f"{head}/resolve/{commit}/{path}"
 
 
 def download_file(url: str, dest: Path, repo: str, what: str, env: dict,
                   size: int | None = None, sha256: str | None = None, progress=None) -> None:
-    """Fetch `url` into `dest`: into `dest.part` first (resumed with a Range request
-    when an earlier attempt left one), its size (and sha256 when given) verified, then
-    renamed: a file at `dest` is always whole. `progress(nbytes)` is told every chunk.
+    """Fetch `url` into `dest`: into `dest.part` first, then renamed, so a file at
+    `dest` is always whole. The Hub's HEAD gives the size, the ETag and the commit:
+    the GET is pinned to that commit, and `dest.part.json` says which commit and
+    ETag the `.part` holds bytes of. A later attempt resumes it (a Range request
+    with If-Range: that ETag) only when the Hub still serves that very file; else
+    the `.part` is dropped and the file fetched whole: a file is never stitched
+    from two versions. The size, and the sha256 (`sha256`, else the Hub's for an
+    LFS file) are verified (hashed as the bytes arrive). Before a byte is
+    written, the disk must hold what is still missing plus a headroom
+    (headroom_bytes); a disk that fills anyway loses the `.part` (a full disk is
+    not left full). `progress(nbytes)` is told every chunk.
     Raises FetchError (kind: unauthorized, not_found, network, disk_full, failed)."""
+    remote = remote_info(url, repo, what, env)
     if size is None:
-        size = remote_size(url, repo, what, env)
+        size = remote.size
+    sha256 = sha256 or remote.sha256
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise _http_failure(repo, what, e, env) from None
     part = dest.with_name(dest.name + ".part")
+    meta_path = dest.with_name(dest.name + ".part.json")
+    pin = {"commit": remote.commit, "etag": remote.etag, "size": size}
     have = part.stat().st_size if part.is_file() else 0
-    if size is not None and have > size:
-        part.unlink()
-        have = 0
+    if have:
+        try:
+            kept = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            kept = None
+        if kept != pin or not remote.etag or (size is not None and have > size):
+            # of another version (or of an unknown one): never resumed
+            print(f"  {what}: the partial file is of another version: fetching it whole",
+                  flush=True)
+            _remove(part)
+            have = 0
     if size is not None:
         free = shutil.disk_usage(dest.parent).free
-        if free < size - have:
-            raise FetchError(f"the disk is full: {what} needs {human(size - have)} more, "
+        spare = headroom_bytes(dest.parent, env)
+        if free - spare < size - have:
+            _remove(part, meta_path)
+            raise FetchError(f"the disk is full: {what} needs {human(size - have)} more and "
+                             f"{human(spare)} must stay free (DOWNLOAD_HEADROOM_PCT), "
                              f"{dest.parent} has {human(free)} free", "disk_full")
+    digest = hashlib.sha256() if sha256 else None
+    if digest is not None and have:
+        with open(part, "rb") as f:                 # what the resume builds on
+            for chunk in iter(lambda: f.read(CHUNK), b""):
+                digest.update(chunk)
+                _pause()
     if progress and have:
         progress(have)
-    if size is None or have < size:
-        headers = {"Range": f"bytes={have}-"} if have else {}
-        try:
-            with _request(url, env, headers=headers) as r:
-                if have and r.status != 206:        # the server ignored the range
-                    if progress:
-                        progress(-have)
-                    have = 0
-                with open(part, "ab" if have else "wb") as out:
-                    while True:
-                        chunk = r.read(CHUNK)
-                        if not chunk:
-                            break
-                        out.write(chunk)
+    try:
+        if size is None or have < size:
+            meta_path.write_text(json.dumps(pin, sort_keys=True))
+            headers = {}
+            if have:
+                headers = {"Range": f"bytes={have}-", "If-Range": f'"{remote.etag}"'}
+            try:
+                with _request(_pinned_url(url, remote.commit), env, headers=headers) as r:
+                    if have and r.status != 206:        # the server sent it whole
                         if progress:
-                            progress(len(chunk))
-        except FetchError:
-            raise
-        except Exception as e:
-            raise _http_failure(repo, what, e, env) from None
-    got = part.stat().st_size
-    if size is not None and got != size:
-        raise FetchError(f"could not fetch {what} whole: {got} of {size} bytes arrived (the "
-                         f"connection ended early); run it again to resume", "network")
-    if sha256 and sha256_of(part) != sha256:
-        part.unlink()
-        raise FetchError(f"{what}: sha256 does not match the manifest (the partial file was "
-                         f"removed)", "failed")
+                            progress(-have)
+                        have = 0
+                        digest = hashlib.sha256() if sha256 else None
+                    with open(part, "ab" if have else "wb") as out:
+                        while True:
+                            chunk = r.read(CHUNK)
+                            if not chunk:
+                                break
+                            out.write(chunk)
+                            if digest is not None:
+                                digest.update(chunk)
+                            if progress:
+                                progress(len(chunk))
+                            _pause()
+            except FetchError:
+                raise
+            except Exception as e:
+                raise _http_failure(repo, what, e, env) from None
+        got = part.stat().st_size
+        if size is not None and got != size:
+            raise FetchError(f"could not fetch {what} whole: {got} of {size} bytes arrived (the "
+                             f"connection ended early); run it again to resume", "network")
+        if digest is not None and digest.hexdigest() != sha256:
+            _remove(part, meta_path)
+            raise FetchError(f"{what}: its sha256 is not the one the "
+                             f"{'manifest' if sha256 != remote.sha256 else 'Hub'} gives (the "
+                             f"partial file was removed)", "failed")
+    except FetchError as e:
+        if e.kind == "disk_full":
+            _remove(part, meta_path)            # a full disk is not left full
+        raise
     part.chmod(0o644)           # backends run as another user (BACKEND_USER)
     os.replace(part, dest)
+    _remove(meta_path)
 
 
 def fetch_hf_files(m: DownloadSpec, missing: list[FileStatus], env: dict,

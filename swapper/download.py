@@ -15,14 +15,38 @@ models miss files (at start, and when a load finds them gone).
 The model's files are those of scripts/models.toml under the model's registry
 id (the manifest download-model.sh reads). A model the manifest does not know
 is never downloaded (its files are the operator's business).
+
+What one request can do to the disk (issue 28). Downloads run one at a time per
+disk (`_disk_turn`): the free space a download checks is then its own, and it
+must leave a headroom free (DOWNLOAD_HEADROOM_PCT, 5 % of the disk) or it is
+refused (disk_full) before a byte is written; a disk that fills anyway loses
+the download's `.part` (never left full). A `.part` is tied to the commit and
+the ETag it holds bytes of (`.part.json`): it is resumed (Range + If-Range, at
+that commit) only while the Hub still serves that very file, else fetched whole;
+the file is checked against the Hub's sha256 (an LFS file's ETag) as it arrives.
+A download runs to its end once started, also when the requests that asked for
+it leave (intended: the next request finds the model there; a download is
+resumable and costs no GPU); only a request the proxy let through (a user's,
+never a cross-site page's: proxy/origins) starts one.
+
+Why not huggingface_hub's hf_hub_download (measured, 2.4.0, against the test
+bed's stand-in Hub with the connection cut half-way): a failed attempt deletes
+its partial file (a process-unique temporary name since its PR 4228), so the
+next one starts from byte 0 -- for a 20-50 GB GGUF that is the difference that
+matters; its disk-space check only warns; it checks no sha256; and it would
+add ~60 MB of dependencies (httpx, hf-xet) to the swapper's image. The
+hand-written loop (scripts/models.py, the standard library only, the same code
+as download-model.sh) keeps the resume and now pins it.
 """
 from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -60,6 +84,8 @@ class Downloads:
         self.scheduler = scheduler
         self._clock = clock
         self._fetch = fetch         # tests: (spec, env, todo, progress) instead of fetch_model
+        self._guard = threading.Lock()
+        self._disks: dict[int, threading.Lock] = {}     # st_dev -> its one download
         self.models = None          # scripts/models.py, once loaded
         self.manifest: dict = {}
         try:
@@ -68,6 +94,25 @@ class Downloads:
         except Exception as e:      # no manifest: nothing is downloaded, loads go on
             log.warning("no download manifest (%s): models are never downloaded on first "
                         "use", e)
+
+    # ------------------------------------------------------------ one per disk
+    @contextmanager
+    def _disk_turn(self, model: str, folder: str):
+        """Hold the disk of `folder` for one download at a time: its free space is
+        then what the download checks it against (with a headroom: scripts/
+        models.py's download_file), not what several running downloads would
+        share. Another model's download on that disk waits here."""
+        dev = _device(folder)
+        with self._guard:
+            lock = self._disks.setdefault(dev, threading.Lock())
+        if not lock.acquire(blocking=False):
+            log.info("model %s waits for the download on the same disk (%s) to end", model,
+                     folder)
+            lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
 
     # ------------------------------------------------------------------ files
     def env(self) -> dict:
@@ -148,10 +193,14 @@ class Downloads:
             total = self.models.planned_bytes(spec, todo, env)
             progress.total = total
             progress.report(force=True)
-            log.info("downloading model %s (%s, %s) from %s", model, names,
-                     self.models.human(total), self.models.source_text(spec, env))
-            fetch = self._fetch or self.models.fetch_model
-            fetch(spec, env, todo, progress=progress.add)
+            with self._disk_turn(model, env["MODELS_DIR"]):
+                todo = self.missing(model)          # what the one before may have changed
+                if not todo:
+                    return None
+                log.info("downloading model %s (%s, %s) from %s", model, names,
+                         self.models.human(total), self.models.source_text(spec, env))
+                fetch = self._fetch or self.models.fetch_model
+                fetch(spec, env, todo, progress=progress.add)
         except self.models.FetchError as e:
             log.error("download of model %s failed: %s", model, e)
             kind = getattr(e, "kind", "failed")
@@ -164,6 +213,18 @@ class Downloads:
         log.info("model %s downloaded (%s in %.0f s)", model, self.models.human(progress.done),
                  self._clock() - progress.t0)
         return None
+
+
+def _device(folder: str) -> int:
+    """The device of `folder`, or of its nearest existing parent (made later)."""
+    p = Path(folder)
+    while True:
+        try:
+            return os.stat(p).st_dev
+        except OSError:
+            if p.parent == p:
+                return -1
+            p = p.parent
 
 
 class Progress:

@@ -346,12 +346,17 @@ def tiny_a_from_hub(folder) -> tuple:
 
 class FakeHub:
     """A stand-in for the Hugging Face Hub over HTTP (HF_ENDPOINT): serves
-    `/<repo>/resolve/<rev>/<file>` with HEAD (Content-Length, X-Linked-Size, ETag,
-    X-Repo-Commit) and Range GETs, as the Hub does. `files` maps "repo/path" to
-    bytes or a file Path. Levers: `rate` (bytes/s, to watch progress), `status`
-    (an HTTP status every request gets, e.g. 401 for a gated repo), `reset_after`
-    (bytes after which a GET's connection is cut), `token` (required when set).
-    `requests` lists (method, path, range) as they came. `host`: the address it
+    `/<repo>/resolve/<rev>/<file>` with HEAD (Content-Length, X-Linked-Size, ETag
+    and X-Linked-Etag: the file's sha256, as the Hub's for an LFS file;
+    X-Repo-Commit: the commit of the file's version) and Range GETs honouring
+    If-Range, as the Hub does. `<rev>` is `main` (the current version) or a
+    commit (that version, also after `replace`; another is a 404). `files` maps
+    "repo/path" to bytes or a file Path. Levers: `rate` (bytes/s, to watch
+    progress), `status` (an HTTP status every request gets, e.g. 401 for a gated
+    repo), `reset_after` (bytes after which a GET's connection is cut), `token`
+    (required when set), `replace(key, data)` (a new version upstream), `lie`
+    (the sha256 told is not the bytes'). `requests` lists (method, path, range)
+    as they came; `if_ranges` the If-Range values. `host`: the address it
     listens on (0.0.0.0: containers reach it at host.docker.internal:`port`)."""
 
     def __init__(self, files: dict, rate: float | None = None, host: str = "127.0.0.1"):
@@ -364,7 +369,10 @@ class FakeHub:
         self.status: int | None = None
         self.reset_after: int | None = None
         self.token: str | None = None
+        self.lie = False
         self.requests: list[tuple[str, str, str | None]] = []
+        self.if_ranges: list[str | None] = []
+        self.old: dict[tuple[str, str], bytes] = {}     # (key, commit) -> an old version
         hub = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -378,11 +386,12 @@ class FakeHub:
                 if len(parts) != 2:
                     return None
                 repo, rest = parts[0].lstrip("/"), parts[1]
-                path = rest.split("/", 1)[1] if "/" in rest else ""
-                data = hub.files.get(f"{repo}/{path}")
-                if isinstance(data, _Path):
-                    data = data.read_bytes()
-                return data
+                rev, _, path = rest.partition("/")
+                key = f"{repo}/{path}"
+                data = hub.data(key)
+                if data is None or rev in ("main", FakeHub.commit(data)):
+                    return data
+                return hub.old.get((key, rev))
 
             def _refuse(self, status, text):
                 body = text.encode()
@@ -404,13 +413,17 @@ class FakeHub:
                 if data is None:
                     return self._refuse(404, "Entry not found")
                 start = 0
-                if rng and rng.startswith("bytes="):
+                etag = '"%s"' % FakeHub.sha256(b"lie" + data if hub.lie else data)
+                if_range = self.headers.get("If-Range")
+                hub.if_ranges.append(if_range)
+                if rng and rng.startswith("bytes=") and if_range in (None, etag):
                     start = int(rng[6:].split("-")[0])
                 self.send_response(206 if start else 200)
                 self.send_header("Content-Length", str(len(data) - start))
                 self.send_header("X-Linked-Size", str(len(data)))
-                self.send_header("ETag", '"fake-etag"')
-                self.send_header("X-Repo-Commit", "0" * 40)
+                self.send_header("ETag", etag)
+                self.send_header("X-Linked-Etag", etag)
+                self.send_header("X-Repo-Commit", FakeHub.commit(data))
                 self.send_header("Accept-Ranges", "bytes")
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
@@ -442,6 +455,29 @@ class FakeHub:
         self.server = Server((host, 0), Handler)
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
+
+    @staticmethod
+    def sha256(data: bytes) -> str:
+        import hashlib
+        return hashlib.sha256(data).hexdigest()
+
+    @staticmethod
+    def commit(data: bytes) -> str:
+        """The commit of a file's version (40 hex digits, like the Hub's)."""
+        import hashlib
+        return hashlib.sha1(b"commit " + data).hexdigest()
+
+    def data(self, key: str) -> bytes | None:
+        from pathlib import Path as _Path
+        data = self.files.get(key)
+        return data.read_bytes() if isinstance(data, _Path) else data
+
+    def replace(self, key: str, data: bytes) -> None:
+        """A new version of `key` upstream; the old one stays at its commit."""
+        old = self.data(key)
+        if old is not None:
+            self.old[(key, FakeHub.commit(old))] = old
+        self.files[key] = data
 
     def __enter__(self):
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -205,3 +205,98 @@ def test_a_connection_cut_mid_file_fails_then_the_next_request_resumes(tmp_path,
     assert gets(hub)[-1][2] == f"bytes={part.stat().st_size if part.exists() else 0}-" or \
         gets(hub)[-1][2].startswith("bytes=")           # resumed with a Range request
     assert target.read_bytes() == DATA and not part.exists()
+
+
+# ----------------------------------------------------------------- issue 28
+DATA2 = bytes(reversed(range(256))) * (4 * 4096)      # another version, the same size
+
+
+def test_a_file_changed_upstream_between_two_attempts_is_never_stitched(tmp_path, hub, chat):
+    """A resume sent Range against the moving `main` with no If-Range: a file
+    changed upstream between two attempts was stitched from two versions (its
+    size still right) and loaded. The .part is tied to its commit and ETag now."""
+    hub.reset_after = 1 * 2 ** 20
+    chat.script(Reply("whole"))
+    app, runtime, target = make_app(tmp_path, hub, {"tiny-a": chat.url})
+    assert "download failed" in failed_stream(app)
+    part = target.with_name("tiny-a.gguf.part")
+    assert 0 < part.stat().st_size < len(DATA)
+    hub.reset_after = None
+    hub.replace("org/tiny-GGUF/tiny-a.gguf", DATA2)   # a new version upstream
+    ok = failed_stream(app)
+    assert "data: [DONE]" in ok, ok
+    assert target.read_bytes() == DATA2               # whole, of one version
+    assert gets(hub)[-1][2] is None                   # fetched whole, not resumed
+    assert f"/resolve/{FakeHub.commit(DATA2)}/" in gets(hub)[-1][1]    # pinned to its commit
+    assert not part.exists() and not target.with_name("tiny-a.gguf.part.json").exists()
+
+
+def test_a_resume_is_pinned_to_the_version_it_started_from(tmp_path, hub, chat):
+    hub.reset_after = 1 * 2 ** 20
+    chat.script(Reply("whole"))
+    app, runtime, target = make_app(tmp_path, hub, {"tiny-a": chat.url})
+    failed_stream(app)
+    have = target.with_name("tiny-a.gguf.part").stat().st_size
+    hub.reset_after = None
+    assert "data: [DONE]" in failed_stream(app)
+    method, path, rng = gets(hub)[-1]
+    assert rng == f"bytes={have}-" and f"/resolve/{FakeHub.commit(DATA)}/" in path
+    assert hub.if_ranges[-1] == f'"{FakeHub.sha256(DATA)}"'
+    assert target.read_bytes() == DATA
+
+
+def test_a_file_whose_sha256_is_not_the_hubs_is_refused_and_removed(tmp_path, hub, chat):
+    hub.lie = True
+    app, runtime, target = make_app(tmp_path, hub, {"tiny-a": chat.url})
+    r = app.test_client().post("/v1/chat/completions", json=body("tiny-a", False), buffered=True)
+    assert r.status_code == 502 and "sha256" in r.json["error"]["message"], r.json
+    no_partial_loaded(runtime, target)
+    assert not target.with_name("tiny-a.gguf.part").exists()
+
+
+def test_the_headroom_is_kept_free(tmp_path, hub, chat, monkeypatch):
+    """Free space enough for the file but not for the file and 5 % of the disk."""
+    app, runtime, target = make_app(tmp_path, hub, {"tiny-a": chat.url})
+    models = app.extensions["swapper"].driver.downloads.models
+    monkeypatch.setattr(models.shutil, "disk_usage", lambda p: type(
+        "U", (), {"free": len(DATA) + 1000, "total": 100 * len(DATA)})())
+    r = app.test_client().post("/v1/chat/completions", json=body("tiny-a", False), buffered=True)
+    assert r.status_code == 507 and "DOWNLOAD_HEADROOM_PCT" in r.json["error"]["message"]
+    assert gets(hub) == []
+    no_partial_loaded(runtime, target)
+
+
+TWO = MANIFEST + """
+[tiny-b]
+source = "hf"
+repo = "org/tiny-GGUF"
+files = [ { local = "tiny/tiny-b.gguf", remote = "tiny-b.gguf" } ]
+"""
+
+
+def test_two_models_on_one_disk_download_one_at_a_time(tmp_path, hub, chat):
+    hub.files["org/tiny-GGUF/tiny-b.gguf"] = DATA2
+    hub.rate = 8 * 2 ** 20                                # ~0.5 s each
+    chat.script(Reply("a"), Reply("b"))
+    app, runtime, _ = make_app(tmp_path, hub, {"tiny-a": chat.url, "tiny-b": chat.url})
+    (tmp_path / "models.toml").write_text(TWO)
+    dl = app.extensions["swapper"].driver.downloads
+    dl.manifest = dl.models.load_manifest(tmp_path / "models.toml")
+    dl.scan(["tiny-a", "tiny-b"])
+    sched = app.extensions["swapper"].scheduler
+    both = []
+    threads = [threading.Thread(target=lambda m=m: app.test_client().post(
+        "/v1/chat/completions", json=body(m, False), buffered=True)) for m in ("tiny-a", "tiny-b")]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 20
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        st = {m: sched.model_status(m) for m in ("tiny-a", "tiny-b")}
+        moving = [m for m, s in st.items() if s["value"] == "downloading"
+                  and 0 < (s.get("done_bytes") or 0) < len(DATA)]
+        both.append(len(moving))
+        time.sleep(0.02)
+    for t in threads:
+        t.join(30)
+    assert max(both) == 1, "two downloads wrote to one disk at once"
+    assert (tmp_path / "models" / "tiny" / "tiny-b.gguf").read_bytes() == DATA2
