@@ -45,7 +45,11 @@ def keyed_proxy(swapper):
 @pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        # attacker.test and rebind.test: names of an attacker's pages (issue 28), which
+        # this browser resolves to 127.0.0.1 (a DNS-rebinding name, in the second case).
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox",
+            "--host-resolver-rules=MAP attacker.test 127.0.0.1, MAP rebind.test 127.0.0.1"])
         yield b
         b.close()
 
@@ -419,3 +423,177 @@ def test_download_on_first_use_in_the_page(page, tmp_path):
         assert any("left" in s for s in seen), seen
         assert page.locator("#r-lastload").inner_text() != "–"
     assert stack_containers(client, sw.stack) == []
+
+
+# ------------------------------------------------------------------ issue 28: other origins
+
+# A page on another origin, as an attacker writes it: CORS reads (simple and
+# preflighted), no-cors writes, <img> GETs and <form> POSTs (text/plain: a JSON body
+# a lenient server reads as JSON) against the stack. Run in that page (page.evaluate).
+ATTACK_JS = """async ([base, model, other]) => {
+  const out = {};
+  const read = async (name, url, init) => {
+    try {
+      const r = await fetch(url, init);
+      out[name] = {type: r.type, status: r.status,
+                   text: r.type === "opaque" ? null : (await r.text()).slice(0, 300)};
+    } catch (e) { out[name] = {error: String(e)}; }
+  };
+  const chat = JSON.stringify({model: model, max_tokens: 3,
+                               messages: [{role: "user", content: "hi"}]});
+  // CORS reads: simple and preflighted
+  await read("cors GET /v1/models", base + "/v1/models");
+  await read("cors GET /running", base + "/running");
+  await read("cors GET /ui/activity", base + "/ui/activity");
+  await read("cors GET /upstream slots", base + "/upstream/" + model + "/slots");
+  await read("cors POST chat text/plain", base + "/v1/chat/completions",
+             {method: "POST", headers: {"Content-Type": "text/plain"}, body: chat});
+  await read("cors POST chat json (preflight)", base + "/v1/chat/completions",
+             {method: "POST", headers: {"Content-Type": "application/json"}, body: chat});
+  await read("cors POST upstream props (preflight)", base + "/upstream/" + other + "/props",
+             {method: "POST", headers: {"Content-Type": "application/json"}, body: "{}"});
+  await read("cors PUT load (preflight)", base + "/load/" + other, {method: "PUT"});
+  // no-cors writes
+  await read("no-cors GET /unload", base + "/unload", {mode: "no-cors"});
+  await read("no-cors POST /unload", base + "/unload", {mode: "no-cors", method: "POST"});
+  await read("no-cors POST /load", base + "/load/" + other, {mode: "no-cors", method: "POST"});
+  await read("no-cors POST /models/load", base + "/models/load", {mode: "no-cors",
+             method: "POST", headers: {"Content-Type": "text/plain"},
+             body: JSON.stringify({model: other})});
+  await read("no-cors POST chat", base + "/v1/chat/completions", {mode: "no-cors",
+             method: "POST", headers: {"Content-Type": "text/plain"},
+             body: JSON.stringify({model: other, max_tokens: 3, messages: [{role: "user", content: "hi"}]})});
+  await read("no-cors POST slot save", base + "/upstream/" + model + "/slots/0?action=save",
+             {mode: "no-cors", method: "POST", headers: {"Content-Type": "text/plain"},
+              body: JSON.stringify({filename: "evil.bin"})});
+  // images
+  const img = (src) => new Promise((res) => {
+    const i = new Image();
+    i.onload = () => res("load"); i.onerror = () => res("error"); i.src = src; });
+  out["img /load"] = await img(base + "/load/" + other);
+  out["img /unload"] = await img(base + "/unload");
+  out["img /v1/models"] = await img(base + "/v1/models");
+  // forms (text/plain: a JSON body a naive server reads as JSON)
+  const form = (action, name, value) => new Promise((res) => {
+    const frame = document.createElement("iframe");
+    const id = "f" + Math.random().toString(36).slice(2);
+    frame.name = id; document.body.appendChild(frame);
+    frame.onload = () => {
+      let readable;
+      try { readable = frame.contentDocument.body.innerText; } catch (e) { readable = null; }
+      res({loaded: true, readable: readable});
+    };
+    const f = document.createElement("form");
+    f.method = "POST"; f.action = action; f.target = id; f.enctype = "text/plain";
+    const i = document.createElement("input");
+    i.type = "hidden"; i.name = name; i.value = value; f.appendChild(i);
+    document.body.appendChild(f); f.submit();
+    setTimeout(() => res({loaded: false}), 5000);
+  });
+  out["form POST /load"] = await form(base + "/load/" + other, "x", "y");
+  out["form POST /unload"] = await form(base + "/unload", "x", "y");
+  out["form POST chat"] = await form(base + "/v1/chat/completions",
+    '{"model":"' + other + '","max_tokens":3,"messages":[{"role":"user","content":"',
+    'hi"}],"x":"1"}');
+  return out;
+}"""
+
+
+@pytest.fixture(scope="module")
+def attacker():
+    """The attacker's own server: a page at http://attacker.test:<port> (another site;
+    the browser maps the name to 127.0.0.1) and at http://127.0.0.1:<port> (the
+    same site as the stack, another origin)."""
+    from flask import Flask
+
+    from tests.support.servers import ServerThread
+    app = Flask("attacker")
+    app.get("/")(lambda: "<!doctype html><title>a page</title><body>just a page</body>")
+    with ServerThread(app) as srv:
+        yield srv
+
+
+def refusals(url: str, key: str | None = None) -> dict[str, float]:
+    """proxy_requests_total by status, summed over routes and methods."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    out: dict[str, float] = {}
+    for line in requests.get(url + "/metrics", headers=headers, timeout=10).text.splitlines():
+        if line.startswith("proxy_requests_total{"):
+            status = line.split('status="')[1].split('"')[0]
+            out[status] = out.get(status, 0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def container_ids(client, stack) -> list[str]:
+    return sorted(c.id for c in stack_containers(client, stack))
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["no key", "API_KEY"])
+def test_a_page_on_another_origin_reads_nothing_changes_nothing(
+        page, proxy, keyed_proxy, swapper, attacker, keyed, tmp_path):
+    """Issue 28: a page on another origin used and read the stack (llama-server's
+    Access-Control-Allow-Origin relayed; a text/plain chat answered and readable;
+    `no-cors GET /unload` unloaded the model; a preflight to /upstream loaded one).
+    With the real swapper, llama-server and SmolLM2: tiny-a is loaded, the page
+    tries everything from another site and from another port of the same site, and
+    a DNS-rebinding page tries the proxy under its own name. Nothing is readable,
+    tiny-a is still the same container, tiny-b never started."""
+    import docker
+    client = docker.from_env()
+    target = keyed_proxy if keyed else proxy
+    auth = {"Authorization": f"Bearer {KEY}"} if keyed else {}
+    r = requests.post(target.url + "/load/tiny-a", headers=auth, timeout=WAIT_MS / 1000)
+    assert r.status_code == 200, r.text
+    before_ids = container_ids(client, swapper.stack)
+    before = refusals(target.url, KEY if keyed else None)
+
+    for origin in (f"http://attacker.test:{attacker.port}", f"http://127.0.0.1:{attacker.port}"):
+        page.goto(origin + "/")
+        out = page.evaluate(ATTACK_JS, [target.url, "tiny-a", "tiny-b"])
+        for name, got in out.items():
+            if name.startswith("cors"):
+                assert "error" in got, (origin, name, got)           # nothing readable
+            elif name.startswith("no-cors"):
+                assert got == {"type": "opaque", "status": 0, "text": None}, (origin, name)
+            elif name.startswith("img"):
+                assert got == "error", (origin, name, got)
+            else:
+                assert got["loaded"] and got["readable"] is None, (origin, name, got)
+    page.screenshot(path=str(tmp_path / "attacker.png"))
+
+    # DNS rebinding: the attacker's name now resolves to 127.0.0.1; to the browser the
+    # proxy is then the page's own origin, so it may read what the proxy answers.
+    port = target.url.rsplit(":", 1)[1]
+    r = page.goto(f"http://rebind.test:{port}/ui")
+    assert r.status == 421
+    got = page.evaluate("""async () => { const out = [];
+        for (const [m, p] of [["GET", "/v1/models"], ["GET", "/running"],
+                              ["GET", "/upstream/tiny-a/slots"], ["POST", "/unload"],
+                              ["POST", "/load/tiny-b"]]) {
+          const r = await fetch(p, {method: m}); out.push([p, r.status, await r.text()]); }
+        return out; }""")
+    for path, status, text in got:
+        assert status == 421 and "tiny-a" not in text and "slot" not in text, (path, text)
+
+    # Nothing changed: the same tiny-a container serves, tiny-b never started.
+    running = requests.get(target.url + "/running", headers=auth, timeout=10).json()
+    assert running["model"] == "tiny-a" and running["state"] == "ready", running
+    assert container_ids(client, swapper.stack) == before_ids
+    statuses = {m["id"]: m["status"]["value"] for m in requests.get(
+        target.url + "/v1/models", headers=auth, timeout=10).json()["data"]}
+    assert statuses["tiny-b"] in ("unloaded", "failed"), statuses
+    # ... and the requests did reach the proxy, which refused them.
+    after = refusals(target.url, KEY if keyed else None)
+    assert after.get("403", 0) - before.get("403", 0) >= 2 * 17, (before, after)
+    assert after.get("421", 0) - before.get("421", 0) >= 6, (before, after)
+    requests.post(target.url + "/unload", headers=auth, timeout=WAIT_MS / 1000)
+
+
+def test_the_console_works_from_its_own_origin_under_another_name(page, proxy):
+    """The console reached as http://localhost:<port> (a loopback name, not the
+    address) is its own origin: its page, event stream and data calls pass."""
+    port = proxy.url.rsplit(":", 1)[1]
+    page.goto(f"http://localhost:{port}/ui")
+    page.wait_for_selector('#models tr[data-model="tiny-a"]', timeout=10_000)
+    page.wait_for_function("() => document.getElementById('conn').textContent === 'live'",
+                           timeout=10_000)
