@@ -78,7 +78,7 @@ class Lease:
                 return True
             self.finished = True
         a = self._admission
-        a.scheduler.release(self.ticket, ok=cause is None and status < 500)
+        a.scheduler.release(self.ticket, ok=cause is None and status < 500, cause=cause)
         a.metrics.request_done(self.model, status)
         if cause in BACKEND_CAUSES and self.backend is not None:
             return a.driver.alive(self.backend, confirm=CONFIRM_DEAD_SECONDS)

@@ -252,14 +252,15 @@ class Scheduler:
                 self._emit("cancelled", model=ticket.model)
                 self._schedule()
             elif ticket.state == "admitted":
-                self._release_locked(ticket, ok=False)
+                self._release_locked(ticket, ok=False, cause="client_gone")
 
-    def release(self, ticket: Ticket, ok: bool = True) -> None:
-        """The admitted request finished (ok = the backend answered)."""
+    def release(self, ticket: Ticket, ok: bool = True, cause: str | None = None) -> None:
+        """The admitted request finished (ok = the backend answered; `cause`:
+        why not, common.failures' name)."""
         with self._cv:
-            self._release_locked(ticket, ok)
+            self._release_locked(ticket, ok, cause)
 
-    def _release_locked(self, ticket: Ticket, ok: bool) -> None:
+    def _release_locked(self, ticket: Ticket, ok: bool, cause: str | None = None) -> None:
         if ticket not in self._active:
             return
         self._active.discard(ticket)
@@ -269,7 +270,8 @@ class Scheduler:
             self._failures.pop(ticket.model, None)
         if ticket.session is not None:
             if not ok:
-                self._break_hold(ticket.session, "failed")
+                self._break_hold(ticket.session,
+                                 "client_gone" if cause == "client_gone" else "failed")
             elif (self.policy.name == HOLD and self.phase == READY
                   and ticket.model == self.model and ticket.epoch == self.epoch
                   and (ticket.session in self._holds or len(self._holds) < self.policy.max_holds)):

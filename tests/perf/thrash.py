@@ -95,13 +95,14 @@ def scenarios() -> dict[str, Scenario]:
     ])
 
 
-def run_agent(url: str, agent: Agent, t0: float) -> None:
+def run_agent(url: str, agent: Agent, t0: float, prefix: str = "") -> None:
     time.sleep(max(0.0, t0 + agent.start - time.monotonic()))
     session = agent.name if agent.session is None else agent.session
     headers = {"x-session-id": session} if session else {}
     with requests.Session() as http:
         for turn in range(agent.turns):
             model = agent.models[turn % len(agent.models)]
+            model = prefix + model if model in ("x", "y", "z") else model
             t = time.monotonic()
             try:
                 r = http.post(url + "/v1/chat/completions", headers=headers, timeout=900, json={
@@ -137,19 +138,26 @@ class Watch(threading.Thread):
             self.stop.wait(0.05)
 
 
-def run(sc: Scenario, policy: str, load: float) -> dict:
+def run(sc: Scenario, policy: str, load: float, real: bool = False) -> dict:
+    """One scenario under one policy. `real`: the models are the real
+    llama-server (rx, ry, rz), `load` is then what their loads take."""
     agents = [Agent(a.name, a.models, a.gap, a.turns, a.start, a.session) for a in sc.agents]
+    prefix = "r" if real else ""
     with SwapperProcess(backends_dir=BACKENDS, PERF_DIR=str(PERF_DIR), LOG_LEVEL="WARNING",
                         SWAP_POLICY=policy, THRASH_LOAD_SECONDS=str(load)) as sw:
         # Warm: every model loaded once (its load time known, its image in the page cache).
         for m in ("x", "y", "z"):
-            requests.post(f"{sw.url}/load/{m}", timeout=300).raise_for_status()
+            requests.post(f"{sw.url}/load/{prefix}{m}", timeout=300).raise_for_status()
+        if real:     # the real load time (the mean of the three), for the ideal schedule
+            load = requests.get(sw.url + "/running", timeout=10).json()[
+                "load_seconds_last_hour"] / 3
         requests.post(f"{sw.url}/unload", timeout=60).raise_for_status()
         before = requests.get(sw.url + "/metrics", timeout=10).text
         watch = Watch(sw.stack)
         watch.start()
         t0 = time.monotonic()
-        threads = [threading.Thread(target=run_agent, args=(sw.url, a, t0)) for a in agents]
+        threads = [threading.Thread(target=run_agent, args=(sw.url, a, t0, prefix))
+                   for a in agents]
         for t in threads:
             t.start()
         for t in threads:
@@ -165,7 +173,8 @@ def run(sc: Scenario, policy: str, load: float) -> dict:
     waits = sorted(w for a in agents for w in a.waits)
     ideal = sc.ideal(load)
     return {
-        "scenario": sc.name, "policy": policy, "load_seconds": load, "turns": turns,
+        "scenario": sc.name, "policy": policy, "load_seconds": round(load, 1),
+        "backend": "llama-server" if real else "stand-in", "turns": turns,
         "loads": int(loads), "loads_per_100_turns": round(100 * loads / turns, 1),
         "wall_seconds": round(wall, 1), "ideal_seconds": round(ideal, 1),
         "x_ideal": round(wall / ideal, 2),
@@ -180,11 +189,12 @@ def run(sc: Scenario, policy: str, load: float) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| scenario | load | policy | loads | /100 turns | time | ideal | x ideal | "
+    out = ["| scenario | backend, load | policy | loads | /100 turns | time | ideal | x ideal | "
            "wait p50 / p95 / max | loading | lost | backends at once |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['scenario']} | {r['load_seconds']:g} s | {r['policy']} | {r['loads']} "
+        out.append(f"| {r['scenario']} | {r.get('backend', 'stand-in')}, {r['load_seconds']:g} s "
+                   f"| {r['policy']} | {r['loads']} "
                    f"| {r['loads_per_100_turns']:g} | {r['wall_seconds']} s | "
                    f"{r['ideal_seconds']} s | {r['x_ideal']} | {r['wait_p50']} / "
                    f"{r['wait_p95']} / {r['wait_max']} s | {round(100 * r['loading_share'])} % "
@@ -198,6 +208,8 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default="fifo,hold")
     ap.add_argument("--only", default="", help="scenarios (default: all): "
                     + ", ".join(scenarios()))
+    ap.add_argument("--real", action="store_true",
+                    help="the real llama-server + SmolLM2 instead of the stand-ins")
     ap.add_argument("--out", default=os.environ.get("PERF_OUT", "/tmp/coding-stack-perf"))
     a = ap.parse_args(argv)
     os.environ.update(load_testbed_env())
@@ -206,7 +218,7 @@ def main(argv=None) -> int:
     for load in (float(x) for x in a.loads.split(",")):
         for name in wanted:
             for policy in a.policies.split(","):
-                r = run(scenarios()[name], policy, load)
+                r = run(scenarios()[name], policy, load, a.real)
                 print(f"[thrash] {json.dumps(r)}", file=sys.stderr, flush=True)
                 rows.append(r)
     print(table(rows))
