@@ -53,3 +53,64 @@ def test_a_missing_model_is_downloaded_then_answers(tmp_path, docker_client):
         assert any(s["value"] == "loaded" for s in statuses)
         assert (models / gguf.name).stat().st_size == gguf.stat().st_size
         assert len([q for q in hub.requests if q[0] == "GET"]) == 1
+
+
+def test_two_downloads_never_fill_a_small_disk(tmp_path, docker_client):
+    """Issue 28's reproduction on a tmpfs (there 300 MB and 2 x 150 MB): two
+    models that do not both fit, asked for at once through the real swapper.
+    Each downloaded in its own thread and the free-space check ignored the
+    other: the disk filled up (100 %) and both `.part` files stayed. Now one
+    downloads (and answers), the other is refused with disk_full before it
+    writes, the disk never goes below its 5 % headroom, no `.part` is left."""
+    import shutil
+    import subprocess
+    gguf, _ = tiny_a_from_hub(tmp_path)
+    size = gguf.stat().st_size                              # 98.4 MB
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * 1.6)},mode=0755",
+                    "tmpfs", str(disk)], check=True)
+    try:
+        manifest = tmp_path / "two.toml"
+        manifest.write_text(
+            f'[tiny-a]\nsource = "hf"\nrepo = "{TINY_REPO}"\n'
+            f'files = [ {{ local = "{gguf.name}", remote = "{gguf.name}" }} ]\n'
+            f'[tiny-b]\nsource = "hf"\nrepo = "{TINY_REPO}"\n'
+            f'files = [ {{ local = "b/{gguf.name}", remote = "b/{gguf.name}" }} ]\n')
+        manifest.chmod(0o644)
+        files = {f"{TINY_REPO}/{gguf.name}": gguf, f"{TINY_REPO}/b/{gguf.name}": gguf}
+        lowest = []
+        with FakeHub(files, rate=60e6) as hub, \
+                SwapperProcess(TESTBED_MODELS_DIR=str(disk), MODELS_DIR=str(disk),
+                               MODELS_MANIFEST=str(manifest), HF_ENDPOINT=hub.url) as sw:
+            stop = threading.Event()
+
+            def watch():
+                while not stop.is_set():
+                    lowest.append(shutil.disk_usage(disk).free)
+                    time.sleep(0.02)
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            answers = {}
+
+            def ask(m):
+                answers[m] = requests.post(sw.url + "/v1/chat/completions", timeout=300, json={
+                    "model": m, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+            threads = [threading.Thread(target=ask, args=(m,)) for m in ("tiny-a", "tiny-b")]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(300)
+            stop.set()
+            watcher.join(5)
+            statuses = sorted(a.status_code for a in answers.values())
+            assert statuses == [200, 507], {m: (a.status_code, a.text[:300])
+                                            for m, a in answers.items()}
+            refused = next(a for a in answers.values() if a.status_code == 507)
+            assert "the disk is full" in refused.json()["error"]["message"]
+            requests.post(sw.url + "/unload", timeout=120)
+        total = shutil.disk_usage(disk).total
+        assert min(lowest) >= 0.05 * total - 4096, (min(lowest), total)
+        assert list(disk.rglob("*.part")) == [] and list(disk.rglob("*.part.json")) == []
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
