@@ -23,7 +23,8 @@ Policy
   (A B A B -> A A B B, grouped by model).
 - Holds (policy "hold", the default; "fifo" is the policy without them). A
   request that ends well on the resident model gives its *session* (the agent
-  that sent it, swapper/sessions.py) a hold of `hold` seconds: that session's
+  that sent it, swapper/sessions.py) a hold of `hold` seconds (once it has come
+  back: twice its longest recent gap plus a second, at most `hold`): that session's
   next request for the resident model joins the epoch although other models
   wait, and the resident model is not stopped while a hold runs. An agent's turn
   (answer, tool call, next request) so stays on the model it started on. Holds
@@ -185,6 +186,7 @@ class Scheduler:
         # Holds (see the module): session -> when its hold ends, for the resident
         # epoch only (cleared whenever the phase changes).
         self._holds: dict[str, float] = {}
+        self._gaps = _Gaps()                   # each session's recent tool-call gaps
         self._wake_at: float | None = None     # when a running hold or quantum ends
         self._holding_since: float | None = None
         self._stopped: str | None = None       # the model stopped last
@@ -208,8 +210,10 @@ class Scheduler:
         with self._cv:
             if len(self._queue) + count > self.max_queue:
                 raise QueueFull(len(self._queue))
-            if session is not None and model != self.model:
-                self._break_hold(session, "other_model")   # its turn moved on
+            if session is not None:
+                self._gaps.came_back(session, self._clock(), self.policy.hold)
+                if model != self.model:
+                    self._break_hold(session, "other_model")   # its turn moved on
             joins = model is not None and model == self.model and (
                 self.phase == LOADING or (self.phase == READY and (
                     not self._others_waiting() or self._in_turn(session))))
@@ -275,7 +279,8 @@ class Scheduler:
             elif (self.policy.name == HOLD and self.phase == READY
                   and ticket.model == self.model and ticket.epoch == self.epoch
                   and (ticket.session in self._holds or len(self._holds) < self.policy.max_holds)):
-                self._holds[ticket.session] = now + self.policy.hold
+                self._holds[ticket.session] = now + self._hold_for(ticket.session)
+            self._gaps.released(ticket.session, now)
         self._schedule()
 
     # ------------------------------------------------------------------ driver
@@ -685,6 +690,14 @@ class Scheduler:
         # Highest waiting per second of load; ties: the oldest (dict order).
         return max(ages, key=lambda m: ages[m] / max(1.0, self._expected_load(m)))
 
+    def _hold_for(self, session: str) -> float:
+        """A session's hold: twice its longest recent gap between an answer and
+        its next request, plus a second, at most `hold` (`hold` until it has
+        come back once): an agent whose tools take 1 s does not keep a model
+        10 s after its last turn."""
+        gap = self._gaps.longest(session)
+        return self.policy.hold if gap is None else min(self.policy.hold, 2 * gap + 1.0)
+
     def _break_hold(self, session: str, why: str) -> None:
         if self._holds.pop(session, None) is not None:
             self._emit("hold_broken", model=self.model, session=_short(session), reason=why)
@@ -762,6 +775,36 @@ class Scheduler:
             self._backend = backend
             self._set_phase(READY, model)
             self._schedule()
+
+
+class _Gaps:
+    """Each session's last few gaps (its request's end to its next request),
+    for the last MAX sessions seen."""
+    MAX, KEEP = 1024, 3
+
+    def __init__(self):
+        self._released: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._gaps: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
+
+    def released(self, session: str, now: float) -> None:
+        self._released[session] = now
+        self._released.move_to_end(session)
+        while len(self._released) > self.MAX:
+            self._released.popitem(last=False)
+
+    def came_back(self, session: str, now: float, cap: float) -> None:
+        t = self._released.pop(session, None)
+        if t is None:
+            return
+        gaps = self._gaps.pop(session, [])
+        gaps = (gaps + [min(cap, max(0.0, now - t))])[-self.KEEP:]
+        self._gaps[session] = gaps
+        while len(self._gaps) > self.MAX:
+            self._gaps.popitem(last=False)
+
+    def longest(self, session: str) -> float | None:
+        gaps = self._gaps.get(session)
+        return max(gaps) if gaps else None
 
 
 def _short(session: str | None) -> str | None:

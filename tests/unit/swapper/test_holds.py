@@ -64,7 +64,8 @@ def test_a_held_session_goes_before_another_model_within_its_hold():
     s.release(a2)
     hold = s.snapshot()["hold"]
     assert hold["sessions"] == 1 and hold["waiting_model"] == "y"
-    assert hold["until_seconds"] == 10.0 and hold["quantum_ends_in"] == pytest.approx(8.0)
+    # A came back after 1 s: its hold is 2 x 1 s + 1 s (the first one was HOLD_SECONDS)
+    assert hold["until_seconds"] == 3.0 and hold["quantum_ends_in"] == pytest.approx(8.0)
     assert [e for e, _ in s.events].count("hold_used") == 1
 
 
@@ -246,7 +247,7 @@ def test_thousands_of_sessions_gain_nothing_beyond_the_quantum():
     n = 0
     while True:
         clock.now += 0.01
-        t = s.submit("x", f"s{n % 256}")     # held sessions coming back, fast
+        t = s.submit("x", f"s{n % 100}")     # held sessions coming back every 1 s
         n += 1
         if t.state != "admitted":
             break
@@ -382,3 +383,30 @@ def test_snapshot_counts_the_last_hours_loads_and_their_seconds():
     snap = s.snapshot()
     assert (snap["loads_last_hour"], snap["load_seconds_last_hour"]) == (0, 0.0)
     assert snap["load_seconds_total"] == 10.0
+
+
+def test_a_hold_is_priced_by_the_sessions_own_gaps():
+    """Twice the longest of its last gaps plus a second, at most HOLD_SECONDS: an
+    agent whose tools take 0.2 s keeps a model 1.4 s after its last turn, not 10."""
+    clock = Clock()
+    s = make(clock)
+    t = ready(s, "x", "fast")
+    s.release(t)
+    assert s._holds["fast"] - clock.now == 10.0          # never came back yet: the cap
+    for _ in range(3):
+        clock.now += 0.2
+        t = s.submit("x", "fast")
+        s.release(t)
+    b = s.submit("y", "B")
+    assert s.snapshot()["hold"]["until_seconds"] == 1.4
+    clock.now += 1.5
+    assert s.next_action(timeout=0).kind == "stop"
+    assert b.state == "waiting"
+    slow = make(Clock())
+    t = ready(slow, "x", "slow")
+    for gap in (30.0, 1.0):                                # a long gap is capped at the hold
+        slow.release(t)
+        slow._clock.now += gap
+        t = slow.submit("x", "slow")
+    slow.release(t)
+    assert slow._holds["slow"] - slow._clock.now == 10.0
