@@ -31,6 +31,8 @@ const S = {
   events: null,           // {ctl, lastByte}
   log: null,              // {model, ctl}
   timers: [],
+  pollTimer: null,        // the next poll (one at a time)
+  pollGen: 0,             // bumped by stopAll: an older poll chain ends
   refreshTimer: null,
   modelsAt: 0,
 };
@@ -88,6 +90,8 @@ function needKey(message) {
 function stopAll() {
   for (const t of S.timers) clearInterval(t);
   S.timers = [];
+  S.pollGen++;
+  clearTimeout(S.pollTimer);
   if (S.events) { S.events.ctl.abort(); S.events = null; }
   stopLog();
 }
@@ -108,7 +112,6 @@ async function start() {
   S.events = { ctl: new AbortController(), lastByte: Date.now(), conn: null };
   followEvents(S.events);
   poll();
-  S.timers.push(setInterval(poll, POLL_MS));
   S.timers.push(setInterval(render, 1000));
 }
 
@@ -236,15 +239,16 @@ async function refreshRunning() {
   followLogOf(S.running);
 }
 
+// Entries are keyed by their sequence number: one that is already listed (an answer
+// that raced another) is never appended again.
 async function refreshActivity() {
   const body = await apiJson("/ui/activity?since=" + S.seq);
   if (body.newest < S.seq) {          // the proxy restarted: start over
     S.seq = 0; S.activity = [];
     return refreshActivity();
   }
-  for (const e of body.data || []) S.activity.push(e);
+  for (const e of body.data || []) if (e.seq > S.seq) { S.activity.push(e); S.seq = e.seq; }
   if (S.activity.length > MAX_ACTIVITY) S.activity.splice(0, S.activity.length - MAX_ACTIVITY);
-  if (S.activity.length) S.seq = S.activity[S.activity.length - 1].seq;
 }
 
 async function refreshHealth() {
@@ -267,18 +271,28 @@ async function refreshHealth() {
   }
 }
 
-async function poll() {
-  if (!S.authed) return;
-  const jobs = [refreshRunning(), refreshActivity(), refreshHealth()];
-  if (Date.now() - S.modelsAt > MODELS_EVERY_MS) jobs.push(refreshModels());
-  const results = await Promise.allSettled(jobs);
-  if (results.some((r) => r.status === "rejected" && r.reason instanceof AuthError)) return;
-  if (S.events && Date.now() - S.events.lastByte > STALE_MS && S.events.conn) {
-    S.events.conn.abort();            // a silent stream: reconnect
-    S.events.lastByte = Date.now();
+// One poll at a time: the next starts POLL_MS after this one ended, so a slow link
+// never has two polls asking for the same activity at once. A poll of an older
+// start (stopAll bumps pollGen) schedules nothing.
+async function poll(gen = S.pollGen) {
+  if (!S.authed || gen !== S.pollGen) return;
+  try {
+    const jobs = [refreshRunning(), refreshActivity(), refreshHealth()];
+    if (Date.now() - S.modelsAt > MODELS_EVERY_MS) jobs.push(refreshModels());
+    const results = await Promise.allSettled(jobs);
+    if (results.some((r) => r.status === "rejected" && r.reason instanceof AuthError)) return;
+    if (S.events && Date.now() - S.events.lastByte > STALE_MS && S.events.conn) {
+      S.events.conn.abort();            // a silent stream: reconnect
+      S.events.lastByte = Date.now();
+    }
+    sample();
+    render();
+  } finally {
+    if (S.authed && gen === S.pollGen) {
+      clearTimeout(S.pollTimer);
+      S.pollTimer = setTimeout(() => poll(gen), POLL_MS);
+    }
   }
-  sample();
-  render();
 }
 
 function sample() {
@@ -351,22 +365,38 @@ function logLine(text) {
 }
 
 // ------------------------------------------------------------------ actions
+// A button stays focusable (and focused) through its action: aria-disabled while it
+// runs or while it has nothing to do; a press then does nothing.
 async function act(button, path, what) {
-  button.disabled = true;
+  if (button.getAttribute("aria-disabled") === "true" || button.dataset.busy) return;
+  button.dataset.busy = "1";
+  button.setAttribute("aria-disabled", "true");
+  announce(what + "…");
   try {
     const body = await apiJson(path, { method: "POST" });
     if (body && body.loaded) toast(what + ": " + body.loaded + " ready in " + body.seconds + " s");
   } catch (e) {
     if (!(e instanceof AuthError)) toast(what + " failed: " + e.message);
   } finally {
-    button.disabled = false;
+    delete button.dataset.busy;
+    button.setAttribute("aria-disabled", "false");
     refreshSoon();
+    render();
   }
+}
+
+// Status changes, said once to a screen reader (a polite live region that is never
+// hidden; the toast comes and goes).
+function announce(text) {
+  const a = $("announce");
+  if (a.textContent === text) a.textContent = "";
+  a.textContent = text;
 }
 
 let toastTimer = null;
 function toast(text) {
   const t = $("toast");
+  announce(text);
   t.textContent = text;
   t.hidden = false;
   clearTimeout(toastTimer);
@@ -376,6 +406,7 @@ function toast(text) {
 // ------------------------------------------------------------------ rendering
 function setConn(state, text) {
   const c = $("conn");
+  if (c.textContent !== text && state !== "starting") announce("connection: " + text);
   c.dataset.state = state;
   c.textContent = text;
 }
@@ -431,12 +462,16 @@ function buildModelRows() {
     const st = el("td", "status");
     st.append(el("span", "value"), el("span", "detail"));
     const actions = el("td", "actions");
+    // Named per model for a screen reader ("Load qwen-35b"); never `disabled` (a
+    // disabled button drops the keyboard focus): aria-disabled, and act() refuses.
     const load = el("button", "load", "Load");
     load.type = "button";
-    load.addEventListener("click", () => act(load, "/load/" + encodeURIComponent(m.id), "load"));
+    load.setAttribute("aria-label", "Load " + m.id);
+    load.addEventListener("click", () => act(load, "/load/" + encodeURIComponent(m.id), "load " + m.id));
     const unload = el("button", "unload", "Unload");
     unload.type = "button";
-    unload.addEventListener("click", () => act(unload, "/unload", "unload"));
+    unload.setAttribute("aria-label", "Unload " + m.id);
+    unload.addEventListener("click", () => act(unload, "/unload", "unload " + m.id));
     actions.append(load, unload);
     tr.append(st, actions);
     tbody.append(tr);
@@ -479,6 +514,7 @@ function renderModels() {
     const id = tr.dataset.model;
     const s = statusText(id);
     const cell = tr.querySelector("td.status");
+    if (cell.dataset.value && cell.dataset.value !== s.value) announce(id + ": " + s.value);
     cell.dataset.value = s.value;
     cell.querySelector(".value").textContent = s.value;
     const d = cell.querySelector(".detail");
@@ -489,7 +525,10 @@ function renderModels() {
       if (!bar) { bar = el("span", "bar"); bar.append(el("i")); cell.append(bar); }
       bar.firstChild.style.width = (s.done * 100).toFixed(1) + "%";
     } else if (bar) bar.remove();
-    tr.querySelector("button.unload").disabled = !["loaded", "loading", "downloading"].includes(s.value);
+    const unload = tr.querySelector("button.unload");
+    if (!unload.dataset.busy) {
+      unload.setAttribute("aria-disabled", String(!["loaded", "loading", "downloading"].includes(s.value)));
+    }
   }
 }
 
