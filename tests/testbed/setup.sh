@@ -51,6 +51,9 @@ step_packages() {
   # requirements-dev.txt; never `playwright install`, whose download is unreachable).
   [ -x /usr/bin/chromium ] || missing+=(chromium)
   [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
+  # Claude Code's 300 s stream watchdog cannot be shortened: its wait test runs it on a
+  # faster clock (LD_PRELOAD libfaketime; tests/integration/proxy/test_agents.py).
+  compgen -G "/usr/lib/*/faketime/libfaketimeMT.so.1" >/dev/null || missing+=(faketime)
   if ((${#missing[@]})); then
     log "apt-get install ${missing[*]}"
     apt-get update -qq
