@@ -356,7 +356,8 @@ class FakeHub:
     repo), `reset_after` (bytes after which a GET's connection is cut), `token`
     (required when set), `replace(key, data)` (a new version upstream), `lie`
     (the sha256 told is not the bytes'). `requests` lists (method, path, range)
-    as they came; `if_ranges` the If-Range values. `host`: the address it
+    as they came; `if_ranges` the If-Range values; `peak_sending` the most GET
+    bodies sent at once. `host`: the address it
     listens on (0.0.0.0: containers reach it at host.docker.internal:`port`)."""
 
     def __init__(self, files: dict, rate: float | None = None, host: str = "127.0.0.1"):
@@ -372,6 +373,9 @@ class FakeHub:
         self.lie = False
         self.requests: list[tuple[str, str, str | None]] = []
         self.if_ranges: list[str | None] = []
+        self.sending = 0                # GET bodies being sent now, and the most at once
+        self.peak_sending = 0
+        self._count = threading.Lock()
         self.old: dict[tuple[str, str], bytes] = {}     # (key, commit) -> an old version
         hub = self
 
@@ -430,6 +434,16 @@ class FakeHub:
                 self.end_headers()
                 if head:
                     return
+                with hub._count:
+                    hub.sending += 1
+                    hub.peak_sending = max(hub.peak_sending, hub.sending)
+                try:
+                    self._send_body(data, start)
+                finally:
+                    with hub._count:
+                        hub.sending -= 1
+
+            def _send_body(self, data, start):
                 sent, pos, step = 0, start, 256 * 1024
                 while pos < len(data):
                     if hub.reset_after is not None and sent >= hub.reset_after:
@@ -440,7 +454,7 @@ class FakeHub:
                     self.wfile.write(chunk)
                     pos += len(chunk)
                     sent += len(chunk)
-                    if hub.rate:
+                    if hub.rate and pos < len(data):    # none after the last byte
                         _time.sleep(len(chunk) / hub.rate)
 
             def do_HEAD(self):
