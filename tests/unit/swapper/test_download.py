@@ -278,7 +278,8 @@ def test_two_models_on_one_disk_download_one_at_a_time(tmp_path, hub, chat):
     hub.files["org/tiny-GGUF/tiny-b.gguf"] = DATA2
     hub.rate = 8 * 2 ** 20                                # ~0.5 s each
     chat.script(Reply("a"), Reply("b"))
-    app, runtime, _ = make_app(tmp_path, hub, {"tiny-a": chat.url, "tiny-b": chat.url})
+    app, runtime, _ = make_app(tmp_path, hub, {"tiny-a": chat.url, "tiny-b": chat.url},
+                               SWAP_POLICY="fifo")         # no hold between the two loads
     (tmp_path / "models.toml").write_text(TWO)
     dl = app.extensions["swapper"].driver.downloads
     dl.manifest = dl.models.load_manifest(tmp_path / "models.toml")
