@@ -44,6 +44,9 @@ class Settings:
     SEARCH_SOURCES: bool = True         # append a "Sources:" block to answers that used search
     # SSE comment while a search runs inside a stream
     KEEPALIVE_INTERVAL: float = setting(5.0, min=0.001)
+    # with each comment of a stream still waiting for its first event, the dialect's
+    # progress events, which agents' idle timers count (proxy/progress.py); 0: comments only
+    WAIT_PROGRESS: bool = True
 
     # normalisation
     INJECT_SYSTEM: bool = True

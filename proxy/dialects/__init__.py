@@ -90,7 +90,7 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     if tool is not None:
         ad = d.adapter(body, tool, parts, request)
         ad.names = names
-        return _in_progress(d, body, rounds.serve(ad, stream))
+        return _in_progress(d, body, rounds.serve(ad, stream), settings)
 
     # nothing to change: the client's bytes, as they came
     headers, environ = forward_headers(request.headers), request.environ
@@ -112,19 +112,20 @@ def handle(d: Dialect, parts: dict, request) -> Response:
         # No head from the backend yet (llama-server sends it with the first
         # token, after the prefill): the stream starts now, kept alive.
         return _in_progress(d, body, sse_response(_late(m, task, body, environ, interval,
-                                                        names)))
+                                                        names)), settings)
     r = task.result()
     if r.status_code != 200:
         return error_answer(r)
     return _in_progress(d, body, relay(r, body=m.straight_stream(
-        kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body, names)))
+        kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body, names)),
+        settings)
 
 
-def _in_progress(d: Dialect, body: dict, resp: Response) -> Response:
+def _in_progress(d: Dialect, body: dict, resp: Response, settings) -> Response:
     """A stream that waits carries the dialect's progress, which the client's idle
     timer counts, until its first event (proxy/progress.py): the one place every
     streamed answer passes, whatever made it."""
-    if resp.status_code == 200 and resp.is_streamed and \
+    if settings.WAIT_PROGRESS and resp.status_code == 200 and resp.is_streamed and \
             resp.mimetype == "text/event-stream":
         resp.response = progress.kept_in_progress(d.name, body, resp.response)
     return resp

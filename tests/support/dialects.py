@@ -73,6 +73,10 @@ class ScriptedDialects(ScriptedChat):
         self.head_delay = 0.0
         # ... or a stream's head goes at once and its first event after this long
         self.event_delay = 0.0
+        # per model request, in order of arrival, its head delay (instead of head_delay
+        # while entries are left): the first turn's long prefill, say
+        self.head_delays: list[float] = []
+        self.arrivals = 0               # model requests that arrived (before any delay)
         # per model request, in order: (prompt tokens, of which reused from the cache),
         # reported as llama-server does in each dialect (Messages: input_tokens are the
         # uncached ones plus cache_read_input_tokens; Responses: input_tokens_details.
@@ -117,8 +121,11 @@ class ScriptedDialects(ScriptedChat):
         def scripted_error_or_delay():
             if request.method != "POST" or request.path not in MODEL_PATHS:
                 return None
-            if self.head_delay:
-                time.sleep(self.head_delay)
+            with self._lock:
+                self.arrivals += 1
+                delay = self.head_delays.pop(0) if self.head_delays else self.head_delay
+            if delay:
+                time.sleep(delay)
             with self._lock:
                 nxt = self.replies[0] if self.replies and self.responder is None else None
                 if isinstance(nxt, LlamaError):

@@ -6,6 +6,7 @@ and print the answer built on the search result (the first result's URL).
 
 The CLIs come from npm (tests/testbed/setup.sh step_agents, cached); missing CLIs are
 a failure of the test bed, not a skip."""
+import glob
 import json
 import os
 import subprocess
@@ -289,3 +290,156 @@ def test_claude_code_with_only_anthropic_model_never_swaps_nor_404s(swapper_stac
     assert "404" not in px.labels("proxy_requests_total", "status")
     assert "404" not in sw.labels("swapper_requests_total", "status")
     assert len(model.requests) >= 3
+
+
+# ----------------------------------------------- waits longer than the agent's idle timer
+
+# Claude Code's stream watchdog (2.1.197, read in its cli.js): every event but `ping`
+# resets it; CLAUDE_STREAM_IDLE_TIMEOUT_MS can only raise it above 300 s. The suite
+# runs the CLI on a clock SPEED times as fast (libfaketime, Debian's `faketime`), so a
+# wait of 40 s is 400 s to it.
+FAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1")), "libfaketimeMT")
+SPEED = 20
+CLAUDE_WAIT = 20.0              # s of our clock: 400 s of Claude Code's, > its 300 s
+CODEX_IDLE_MS = 2000            # Codex's stream_idle_timeout_ms, its own setting
+CODEX_WAIT = 5.0
+
+
+@pytest.fixture
+def waits(monkeypatch):
+    """The real proxy app (in-process, so what it strips can be seen) in front of a
+    scripted model behind the Qwen3.5 template, its first request waiting before
+    any answer (a long prefill: llama-server sends nothing until its first token).
+    make(progress) -> the proxy's URL; the model; the Rendering; the strips made."""
+    from proxy import progress as prog
+    from proxy.settings import Settings
+    from tests.support.proxyproc import inprocess
+    stripped = []
+    real = prog.strip
+
+    def strip(dialect, body):
+        changed = real(dialect, body)
+        stripped.append(changed)
+        return changed
+    monkeypatch.setattr(prog, "strip", strip)
+    rendering = Rendering()
+    with FakeSearxng() as searx, ScriptedDialects() as model:
+        model.responder = rendering
+        servers = []
+
+        def make(progress: bool) -> str:
+            srv = inprocess(Settings.from_env({}, BACKEND_URL=model.url, SEARXNG_URL=searx.url,
+                                              MODELS_TTL=0, KEEPALIVE_INTERVAL=0.5,
+                                              WAIT_PROGRESS=progress)).__enter__()
+            servers.append(srv)
+            return srv.url
+        yield make, model, rendering, stripped
+        for s in servers:
+            s.__exit__(None, None, None)
+
+
+def wait_arrivals(model, n: int, timeout: float = 60.0) -> None:
+    """Requests still held in their scripted wait have arrived but not been answered."""
+    import time
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and len(model.requests) < n:
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("progress", [True, False], ids=["progress", "comments-only"])
+def test_claude_code_through_a_prefill_longer_than_its_idle_timer(waits, tmp_path, progress):
+    """A first turn whose prefill outlasts Claude Code's 300 s stream watchdog: with the
+    stack's progress (a thinking block: Claude Code counts every event but ping) the one
+    request is answered and the session completes with one request per turn; with
+    comments only (the control: the wait is really longer than its timer) Claude Code
+    abandons the stream and sends it again. The progress block Claude Code sends back
+    in turn 2 is taken out before the model sees it."""
+    if not os.path.exists(FAKETIME):
+        pytest.fail(f"{FAKETIME} missing: the test bed installs Debian's faketime")
+    make, model, rendering, stripped = waits
+    url = make(progress)
+    model.head_delays = [CLAUDE_WAIT]
+    p = run([cli("claude"), "-p", SHELL_PROMPT, "--max-turns", "3", "--allowedTools", "Bash"],
+            tmp_path, {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_DEFAULT_HAIKU_MODEL": "scripted-model",
+                       "ANTHROPIC_SMALL_FAST_MODEL": "scripted-model", **CLAUDE_ENV,
+                       "LD_PRELOAD": FAKETIME, "FAKETIME": f"+0 x{SPEED}"})
+    assert "DONE: hello" in p.stdout
+    if not progress:
+        assert model.arrivals == 3, "the control: turn 1 abandoned and sent again, turn 2"
+        return
+    assert model.arrivals == 2, "one request per turn, no retry"
+    assert rendering.refused == []
+    assert True in stripped, "Claude Code sent our progress block back; it was taken out"
+    raw = b"".join(model.raw)
+    assert b"coding-stack-wait" not in raw and b"waiting for the model" not in raw
+    assert not any("waiting for the model" in pr for pr in rendering.prompts)
+
+
+@pytest.mark.parametrize("progress", [True, False], ids=["progress", "comments-only"])
+def test_codex_through_a_prefill_longer_than_its_idle_timer(waits, tmp_path, progress):
+    """Codex's stream_idle_timeout_ms (its own setting, 2 s here; no stream retry):
+    comments do not count (the control fails with "idle timeout waiting for SSE");
+    response.created and response.in_progress do."""
+    make, model, rendering, _ = waits
+    url = make(progress)
+    model.head_delays = [CODEX_WAIT]
+    home = codex_home(tmp_path, url, extra="")
+    with open(os.path.join(home, "config.toml"), "a") as f:
+        f.write(f"stream_idle_timeout_ms = {CODEX_IDLE_MS}\nstream_max_retries = 0\n"
+                "request_max_retries = 0\n")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "NO_COLOR": "1",
+           "CODEX_HOME": home, "LOCAL_KEY": "x"}
+    p = subprocess.run([cli("codex"), "exec", "--skip-git-repo-check", SHELL_PROMPT],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       stdin=subprocess.DEVNULL)
+    if not progress:
+        assert p.returncode != 0 and "idle timeout waiting for SSE" in p.stderr, p.stderr
+        wait_arrivals(model, 1)
+        assert model.arrivals == 1
+        return
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "DONE: hello" in p.stdout
+    assert model.arrivals == 2, "one request per turn, no retry"
+    assert rendering.refused == []
+
+
+def test_codex_through_a_load_longer_than_its_idle_timer(tmp_path):
+    """The wait is the swapper's (a cold start: the model's "container" takes 5 s to
+    start; a queue, a hold or a download wait the same way: its waiting stream's
+    comments): Codex (idle timer 2 s, no retry) gets the stack's progress and
+    completes, one request per turn, one start."""
+    import time
+    from swapper.app import create_app
+    from swapper.settings import Settings as SwapperSettings
+    from tests.support.fake_runtime import FakeRuntime
+    from tests.support.swapperproc import FIXTURE_BACKENDS
+
+    class SlowStart(FakeRuntime):
+        def start(self, spec, on_progress=None, prepared=None):
+            time.sleep(CODEX_WAIT)
+            return super().start(spec, on_progress, prepared)
+
+    env = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
+           "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
+           "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
+    rendering = Rendering()
+    with FakeSearxng() as searx, ScriptedDialects() as model:
+        model.responder = rendering
+        runtime = SlowStart({"tiny-a": model.url})
+        app = create_app(SwapperSettings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=env,
+                                         WATCH_INTERVAL=5, KEEPALIVE_INTERVAL=0.5),
+                         runtime=runtime)
+        with ServerThread(app) as swapper, ProxyProcess(
+                BACKEND_URL=swapper.url, SEARXNG_URL=searx.url, MODELS_TTL=0,
+                KEEPALIVE_INTERVAL=0.5) as proxy:
+            home = codex_home(tmp_path, proxy.url)
+            with open(os.path.join(home, "config.toml"), "r+") as f:
+                text = f.read().replace('model = "scripted-model"', 'model = "tiny-a"')
+                f.seek(0)
+                f.write(text + f"stream_idle_timeout_ms = {CODEX_IDLE_MS}\n"
+                        "stream_max_retries = 0\nrequest_max_retries = 0\n")
+            p = run([cli("codex"), "exec", "--skip-git-repo-check", SHELL_PROMPT], tmp_path,
+                    {"CODEX_HOME": home, "LOCAL_KEY": "x"})
+    assert "DONE: hello" in p.stdout
+    assert model.arrivals == 2, "one request per turn, no retry"
+    assert [c for c in runtime.calls if c[0] == "start"] == [("start", "tiny-a")]
