@@ -278,7 +278,9 @@ class Scheduler:
                                  "client_gone" if cause == "client_gone" else "failed")
             elif (self.policy.name == HOLD and self.phase == READY
                   and ticket.model == self.model and ticket.epoch == self.epoch
-                  and (ticket.session in self._holds or len(self._holds) < self.policy.max_holds)):
+                  and (ticket.session in self._holds or len(self._holds) < self.policy.max_holds)
+                  and not any(t.session == ticket.session and t.model != self.model
+                              for t in self._queue)):     # its turn moved on already
                 self._holds[ticket.session] = now + self._hold_for(ticket.session)
             self._gaps.released(ticket.session, now)
         self._schedule()

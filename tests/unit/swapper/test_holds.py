@@ -410,3 +410,18 @@ def test_a_hold_is_priced_by_the_sessions_own_gaps():
         t = slow.submit("x", "slow")
     slow.release(t)
     assert slow._holds["slow"] - slow._clock.now == 10.0
+
+
+def test_a_session_already_waiting_for_another_model_gets_no_hold():
+    """One client asks for y while its x request runs: when x ends, no hold
+    keeps x from y (its turn moved on before x answered)."""
+    clock = Clock()
+    s = make(clock)
+    x = ready(s, "x", "one-client")
+    y = s.submit("y", "one-client")
+    s.release(x)
+    act = s.next_action(timeout=0)
+    assert (act.kind, act.model) == ("stop", "x")
+    s.stop_done()
+    step(s)
+    assert y.state == "admitted"
