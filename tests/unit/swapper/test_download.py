@@ -296,3 +296,26 @@ def test_two_models_on_one_disk_download_one_at_a_time(tmp_path, hub, chat):
     assert hub.peak_sending == 1, "two downloads wrote to one disk at once"
     assert len(gets(hub)) == 2
     assert (tmp_path / "models" / "tiny" / "tiny-b.gguf").read_bytes() == DATA2
+
+
+def test_a_disk_that_fills_mid_file_loses_the_partial_file(tmp_path, hub, chat, monkeypatch):
+    """The disk fills while the file arrives (something else wrote meanwhile: the
+    free-space check said yes): the `.part` was left, so the disk stayed full.
+    A 2 MB tmpfs for a 4 MB file, its free space reported as plenty."""
+    import subprocess
+    models = tmp_path / "models"
+    models.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(models)], check=True)
+    try:
+        app, runtime, target = make_app(tmp_path, hub, {"tiny-a": chat.url})
+        mod = app.extensions["swapper"].driver.downloads.models
+        monkeypatch.setattr(mod.shutil, "disk_usage", lambda p: type(
+            "U", (), {"free": 10 ** 12, "total": 10 ** 13})())
+        r = app.test_client().post("/v1/chat/completions", json=body("tiny-a", False),
+                                   buffered=True)
+        assert r.status_code == 507 and "the disk is full" in r.json["error"]["message"]
+        assert gets(hub)                                  # it did start writing
+        no_partial_loaded(runtime, target)
+        assert list(models.rglob("*.part*")) == []        # nothing left filling the disk
+    finally:
+        subprocess.run(["umount", "-l", str(models)], check=False)
