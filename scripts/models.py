@@ -557,11 +557,12 @@ def download_file(url: str, dest: Path, repo: str, what: str, env: dict,
                   size: int | None = None, sha256: str | None = None, progress=None) -> None:
     """Fetch `url` into `dest`: into `dest.part` first, then renamed, so a file at
     `dest` is always whole. The Hub's HEAD gives the size, the ETag and the commit:
-    the GET is pinned to that commit, and `dest.part.json` says which commit and
-    ETag the `.part` holds bytes of. A later attempt resumes it (a Range request
-    with If-Range: that ETag) only when the Hub still serves that very file; else
-    the `.part` is dropped and the file fetched whole: a file is never stitched
-    from two versions. The size, and the sha256 (`sha256`, else the Hub's for an
+    the GET is pinned to that commit (its content cannot change), and
+    `dest.part.json` says which file (ETag, size) the `.part` holds bytes of. A
+    later attempt resumes it (a Range request at the commit the Hub names now;
+    If-Range with the ETag where it names none) only when the Hub still serves
+    that very file; else the `.part` is dropped and the file fetched whole: a
+    file is never stitched from two versions. The size, and the sha256 (`sha256`, else the Hub's for an
     LFS file) are verified (hashed as the bytes arrive). Before a byte is
     written, the disk must hold what is still missing plus a headroom
     (headroom_bytes); a disk that fills anyway loses the `.part` (a full disk is
@@ -584,7 +585,9 @@ def download_file(url: str, dest: Path, repo: str, what: str, env: dict,
             kept = json.loads(meta_path.read_text())
         except (OSError, ValueError):
             kept = None
-        if kept != pin or not remote.etag or (size is not None and have > size):
+        same = isinstance(kept, dict) and kept.get("etag") == remote.etag \
+            and kept.get("size") == size
+        if not same or not remote.etag or (size is not None and have > size):
             # of another version (or of an unknown one): never resumed
             print(f"  {what}: the partial file is of another version: fetching it whole",
                   flush=True)
@@ -611,7 +614,10 @@ def download_file(url: str, dest: Path, repo: str, what: str, env: dict,
             meta_path.write_text(json.dumps(pin, sort_keys=True))
             headers = {}
             if have:
-                headers = {"Range": f"bytes={have}-", "If-Range": f'"{remote.etag}"'}
+                headers = {"Range": f"bytes={have}-"}
+                if not remote.commit:       # no commit to pin the URL to: the ETag guards
+                    headers["If-Range"] = f'"{remote.etag}"'
+
             try:
                 with _request(_pinned_url(url, remote.commit), env, headers=headers) as r:
                     if have and r.status != 206:        # the server sent it whole

@@ -21,8 +21,10 @@ disk (`_disk_turn`): the free space a download checks is then its own, and it
 must leave a headroom free (DOWNLOAD_HEADROOM_PCT, 5 % of the disk) or it is
 refused (disk_full) before a byte is written; a disk that fills anyway loses
 the download's `.part` (never left full). A `.part` is tied to the commit and
-the ETag it holds bytes of (`.part.json`): it is resumed (Range + If-Range, at
-that commit) only while the Hub still serves that very file, else fetched whole;
+the file (ETag, size) it holds bytes of (`.part.json`): it is resumed (a Range
+request at the commit the Hub names, whose content cannot change; If-Range with
+the ETag where it names none) only while the Hub still serves that very file,
+else fetched whole;
 the file is checked against the Hub's sha256 (an LFS file's ETag) as it arrives.
 A download runs to its end once started, also when the requests that asked for
 it leave (intended: the next request finds the model there; a download is
