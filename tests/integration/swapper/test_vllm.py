@@ -36,6 +36,16 @@ def test_vllm_through_the_proxy(swapper, proxy, invariant):
                                             messages=[{"role": "user", "content": "Say hello."}]))
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
 
+    # A limit above the context (OpenCode sends 32000, Qwen Code 32768): vLLM refuses it
+    # ("max_tokens=32000 cannot be greater than max_model_len=2048"); through the proxy it
+    # is clamped to the registry's context_length, and vLLM fits it to the prompt.
+    big = {"model": "tiny-vllm", "max_tokens": 32000, "stop": ["\n", ".", "!"],
+           "messages": [{"role": "user", "content": "Say hello."}]}
+    direct = requests.post(swapper.url + "/v1/chat/completions", json=big, timeout=120)
+    assert direct.status_code == 400 and "max_model_len" in direct.text, direct.text
+    via = requests.post(proxy.url + "/v1/chat/completions", json=big, timeout=300)
+    assert via.status_code == 200, via.text
+
     # n natively (vLLM honours n): two choices from one request
     two = c.chat.completions.create(model="tiny-vllm", max_tokens=6, n=2,
                                     messages=[{"role": "user", "content": "Name a colour."}])
