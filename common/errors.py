@@ -107,7 +107,9 @@ def error_for(e: Exception, log: logging.Logger, body_limit: int | None = None) 
     if isinstance(e, RequestEntityTooLarge) and body_limit is not None:
         return too_large(body_limit)
     if isinstance(e, HTTPException):
-        return error_response(e.description or e.name, e.code or 500)
+        # Its own fields kept (a 405's Allow), its HTML Content-Type not.
+        headers = {k: v for k, v in e.get_headers() if k.lower() != "content-type"}
+        return error_response(e.description or e.name, e.code or 500, headers=headers or None)
     log.error("unhandled error", exc_info=e)
     return error_response(f"internal error: {type(e).__name__}: {e}", 500)
 

@@ -534,3 +534,20 @@ def test_a_thousand_trickling_bodies_do_not_lock_new_clients_out(proxy, backend,
     finally:
         for s in socks:
             s.close()
+
+
+def test_long_model_names_are_cut_in_the_activity_list(proxy, backend):
+    """Issue 28: the activity list kept each request's `model` whole (60 requests with
+    10 MB names: the worker grew from 42 to 528 MB, /ui/activity was 500 MB of JSON).
+    Here 200 names of 60 KB (the limit of this proxy's bodies): each record keeps 100
+    characters, the list stays small."""
+    name = "m" * 60_000
+    for _ in range(200):
+        ans = post(proxy, "/v1/chat/completions", hostile.dumps(chat_body(model=name)))
+        assert ans.status == 200, ans.body[:200]
+    listed = send(proxy.url, "GET", "/ui/activity")
+    assert listed.status == 200
+    models = [r.get("model") for r in listed.json()["data"]]
+    assert len(models) == 200 and all(m is None or len(m) <= 100 for m in models), \
+        max(len(m or "") for m in models)
+    assert len(listed.body) < 200 * 1024, len(listed.body)

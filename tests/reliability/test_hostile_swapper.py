@@ -82,6 +82,12 @@ def test_the_model_named_answers_whatever_the_content_type(swapper, ctype):
     ("POST", "/v1/load_lora_adapter", 404),
     ("OPTIONS", "/v1/chat/completions", 204),
     ("OPTIONS", "/v1/nope", 404),
+    # issue 28: a state change acts on POST only (an <img> or a link loaded or unloaded)
+    ("GET", "/load/b", 405),
+    ("HEAD", "/load/b", 405),
+    ("GET", "/unload", 405),
+    ("HEAD", "/unload", 405),
+    ("GET", "/models/load", 405),
 ])
 def test_a_request_that_cannot_succeed_never_loads_or_evicts(swapper, docker_client, method,
                                                              path, status):
@@ -283,6 +289,41 @@ def test_every_swapper_route_survives_any_request(swapper, docker_client, method
                timeout=30)
     hostile.check(ans, f"{method} {path} ({ctype}) {body[:80]!r}")
     assert containers(docker_client, swapper) == before, "an example started or removed a backend"
+
+
+# Issue 28: reads and preflights of the routes that change state, and requests a
+# browser makes from another origin or under a rebound name, on every route.
+STATE_ROUTES = ["/load/b", "/load", "/unload", "/models/load", "/models/unload",
+                "/upstream/b/props", "/upstream/b/health", "/upstream/b/slots",
+                "/upstream/b/slots/0?action=save", "/v1/chat/completions", "/v1/models"]
+BROWSER = st.sampled_from([
+    {}, {"Origin": "https://evil.example"}, {"Origin": "null"},
+    {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"},
+    {"Host": "evil.example:9000"}, {"Host": "rebind.test", "Origin": "http://rebind.test"},
+    {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}])
+
+
+@settings(max_examples=60)
+@given(method=st.sampled_from(["GET", "HEAD", "OPTIONS", "POST"]),
+       path=st.sampled_from(STATE_ROUTES), browser=BROWSER)
+def test_reads_preflights_and_other_origins_never_move_a_model(swapper, docker_client, method,
+                                                               path, browser):
+    if method == "POST" and not browser:
+        return                                   # an ordinary POST acts: tested above
+    load(swapper, "a")
+    before = containers(docker_client, swapper)
+    ans = send(swapper.url, method, path, {"Content-Type": "application/json", **browser},
+               chat("b") if method == "POST" else None, timeout=30)
+    what = f"{method} {path} {browser}"
+    hostile.check(ans, what)
+    if "Host" in browser:
+        assert ans.status == 421, (what, ans.status)
+    elif browser:
+        assert ans.status == 403, (what, ans.status)
+    assert not any(k.startswith("access-control-") for k in ans.headers), what
+    assert containers(docker_client, swapper) == before, f"{what} moved a model"
+    snap = running(swapper)
+    assert (snap["model"], snap["state"]) == ("tiny-a", "ready"), what
 
 
 # A path segment drawn from every character: controls, DEL, non-ASCII, `?`, `#`, `%`,

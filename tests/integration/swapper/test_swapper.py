@@ -83,7 +83,7 @@ def test_load_then_chat_streamed_and_not(swapper, invariant):
     r = requests.post(swapper.url + "/load/a", timeout=180)
     assert r.status_code == 200, r.text
     assert r.json()["loaded"] == "tiny-a" and r.json()["running"] == ["tiny-a"]
-    again = requests.get(swapper.url + "/load/tiny-a", timeout=60).json()
+    again = requests.post(swapper.url + "/load/tiny-a", timeout=60).json()
     assert again["loaded"] == "tiny-a"
     assert again["seconds"] < r.json()["seconds"]      # no second load: it joined the resident
 
@@ -139,7 +139,10 @@ def test_unload_frees_everything(swapper, docker_client):
     assert stack_containers(docker_client, swapper.stack) == []
     assert running(swapper)["model"] is None
     # unloading when nothing runs is fine too
-    assert requests.get(swapper.url + "/unload", timeout=10).json()["unloaded"] is True
+    assert requests.post(swapper.url + "/unload", timeout=10).json()["unloaded"] is True
+    # a GET changes nothing (issue 28: a web page's <img> unloaded the model)
+    r = requests.get(swapper.url + "/unload", timeout=10)
+    assert r.status_code == 405 and r.headers["Allow"] == "POST"
 
 
 def test_idle_ttl_unloads(swapper, docker_client):
