@@ -541,6 +541,15 @@ function renderResident() {
   $("r-queued").textContent = r ? String(r.queued) : "–";
   $("r-lastload").textContent = secs(r && r.last_load_seconds);
   $("r-lastswap").textContent = secs(r && r.last_swap_seconds);
+  // Swaps per hour and the GPU's seconds lost to them; why another model waits.
+  $("r-loads").textContent = r && r.loads_last_hour != null
+    ? r.loads_last_hour + " (" + secs(r.load_seconds_last_hour) + " loading)" : "–";
+  const h = r && r.hold;
+  $("r-hold").textContent = h
+    ? "for " + h.sessions + " agent session" + (h.sessions === 1 ? "" : "s") + " up to "
+      + secs(h.until_seconds) + "; " + (h.waiting_model || "another model") + " in "
+      + secs(h.quantum_ends_in) + " at most"
+    : r && r.policy === "fifo" ? "never (SWAP_POLICY=fifo)" : "no";
   const downloads = Object.entries(S.status).filter(([, st]) => st.value === "downloading")
     .map(([id, st]) => id + " " + fmtBytes(st.done_bytes) + (st.total_bytes ? " / " + fmtBytes(st.total_bytes) : ""));
   $("r-downloads").textContent = downloads.length ? downloads.join(", ") : "none";

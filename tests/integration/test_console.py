@@ -288,7 +288,10 @@ def test_load_eta_queue_wait_and_swap_time(page, proxy, tmp_path):
                      "expected_seconds": 600.0, "eta_seconds": 600.0})
     running = {"model": "next", "state": "loading", "since_seconds": 2.0, "in_flight": 0,
                "queued": 1, "slots": 1, "last_load_seconds": 41.5, "last_swap_seconds": 44.2,
-               "expected_seconds": 600.0, "epoch": 2, "downloads": {}}
+               "expected_seconds": 600.0, "epoch": 2, "downloads": {},
+               "policy": "hold", "loads_last_hour": 12, "load_seconds_last_hour": 250.3,
+               "hold": {"sessions": 1, "until_seconds": 2.5, "quantum_ends_in": 7.0,
+                        "waiting_model": "first"}}
     activity = [{"seq": 1, "time": 1_700_000_000, "dialect": "chat", "model": "first",
                  "status": 200, "queue_wait": 42.7, "ttft": 0.2, "prompt_tokens": 9,
                  "completion_tokens": 4, "tokens_per_second": 20.0, "seconds": 43.5,
@@ -314,6 +317,9 @@ def test_load_eta_queue_wait_and_swap_time(page, proxy, tmp_path):
     assert len(headers) == cells and headers[4] == "wait"
     assert page.locator("#r-lastload").inner_text() == "41.5 s"
     assert page.locator("#r-lastswap").inner_text() == "44.2 s"
+    assert page.locator("#r-loads").inner_text() == "12 (4 min 10 s loading)"
+    assert page.locator("#r-hold").inner_text() == \
+        "for 1 agent session up to 2.5 s; first in 7.0 s at most"
     page.screenshot(path=str(tmp_path / "loading-eta.png"), full_page=True)
     # Accessibility: no empty header cell; every badge state and status colour at
     # WCAG AA for its small text (4.5:1), computed from the page's own styles.
