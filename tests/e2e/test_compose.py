@@ -137,6 +137,13 @@ def test_the_stack_end_to_end(stack):
     assert running["last_swap_seconds"] > 0 and running["last_load_seconds"] > 0
     # The load times (the next loads' ETAs) are kept in the swapper's volume.
     kept = stack("exec", "-T", "swapper", "cat", "/kvcache/load-times.json").stdout
+    # tiny-a's prompt cache was saved by its backend (nobody) into its folder, which is
+    # shared with the backends' group only (issue 28: not world-writable), by the
+    # swapper running as its own user with that group kept.
+    folder = stack("exec", "-T", "swapper", "stat", "-c", "%a %g", "/kvcache/tiny-a").stdout
+    assert folder.split() == ["2770", "65534"], folder
+    saved = stack("exec", "-T", "swapper", "ls", "/kvcache/tiny-a").stdout.split()
+    assert "slot0.bin" in saved or "slot1.bin" in saved, saved
     assert set(json.loads(kept)["models"]) == {"tiny-a", "tiny-b"}, kept
     backends = stack_containers(docker.from_env(), stack.stack, running_only=True)
     assert [c.labels["org.coding-stack.model"] for c in backends] == ["tiny-b"]

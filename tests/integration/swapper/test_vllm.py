@@ -31,6 +31,11 @@ def test_vllm_through_the_proxy(swapper, proxy, invariant):
                                     messages=[{"role": "user", "content": "Say hello."}])
     assert out.choices[0].message.content
     assert out.model == "tiny-vllm"          # the alias reached vLLM as its served name
+    # Its published port is no side door (issue 28): vLLM has the backend's own key
+    # (VLLM_API_KEY), which the swapper adds and nobody else has.
+    assert requests.get(swapper.backend_url + "/v1/models", timeout=30).status_code == 401
+    assert requests.get(swapper.backend_url + "/v1/models", timeout=30,
+                        headers=swapper.backend_headers).status_code == 200
 
     chunks = list(c.chat.completions.create(model="tiny-vllm", max_tokens=8, stream=True,
                                             messages=[{"role": "user", "content": "Say hello."}]))
