@@ -551,3 +551,60 @@ def test_long_model_names_are_cut_in_the_activity_list(proxy, backend):
     assert len(models) == 200 and all(m is None or len(m) <= 100 for m in models), \
         max(len(m or "") for m in models)
     assert len(listed.body) < 200 * 1024, len(listed.body)
+
+
+class Holding:
+    """A backend that never answers: it records when the proxy hangs up on it."""
+
+    def __init__(self):
+        from tests.support.servers import RawServer
+
+        holder = self
+
+        class Srv(RawServer):
+            def answer(self, conn, head, body):
+                if not head.startswith(b"POST"):            # the proxy's /v1/models
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: 11\r\n\r\n{\"data\":[]}")
+                    return True
+                holder.asked.append(time.monotonic())
+                conn.settimeout(30)
+                try:
+                    holder.cut.append((time.monotonic(), conn.recv(1)))
+                except OSError as e:
+                    holder.cut.append((time.monotonic(), e))
+                return False
+        self.asked: list[float] = []
+        self.cut: list = []
+        self.srv = Srv()
+        self.url = self.srv.url
+
+
+@pytest.mark.parametrize("stray", [b"", b"\r\n"])
+def test_a_client_that_hangs_up_after_a_stray_crlf_is_seen_leaving(stray):
+    """Issue 28: a client that sent its request, then an empty line (RFC 9112 lets
+    clients send one between requests), then hung up was never seen leaving: the
+    one byte peeked was the CR, so the generation ran to its end."""
+    held = Holding()
+    with ProxyProcess(BACKEND_URL=held.url, WEB_SEARCH=0, MODELS_TTL=0,
+                      LOG_LEVEL="warning") as p:
+        host, port = p.url.rsplit("/", 1)[1].split(":")
+        body = json.dumps(chat_body()).encode()
+        s = socket.create_connection((host, int(port)))
+        s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                  .encode() + body)
+        deadline = time.monotonic() + 10
+        while not held.asked and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert held.asked, "the request never reached the backend"
+        if stray:
+            s.sendall(stray)            # after the request was read: in the socket's buffer
+            time.sleep(0.2)
+        s.close()
+        while not held.cut and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+        assert held.cut, "the proxy never hung up on the backend"
+        assert held.cut[0][1] == b"", held.cut
+        assert held.cut[0][0] - held.asked[0] < 5, held.cut
+    held.srv.close()
