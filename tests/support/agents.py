@@ -300,6 +300,12 @@ def _last_tool_output(body: dict, path: str) -> str | None:
         results = [b for b in c if isinstance(b, dict) and b.get("type") == "tool_result"] \
             if isinstance(c, list) else []
         return _text(results) if results else None
+    if path == "/v1/chat/completions":
+        msgs = body.get("messages") or []
+        last = msgs[-1] if msgs else {}
+        if last.get("role") != "tool":
+            return None
+        return _text(last.get("content"))
     items = body.get("input") if isinstance(body.get("input"), list) else []
     last = items[-1] if items else {}
     if isinstance(last, dict) and last.get("type") == "function_call_output":
@@ -315,7 +321,9 @@ def _last_line(text: str) -> str:
 
 SHELL_TOOLS = {"Bash": {"command": "echo hello", "description": "Print hello"},
                "exec_command": {"cmd": "echo hello"},
-               "shell": {"command": ["echo", "hello"]}}
+               "shell": {"command": ["echo", "hello"]},
+               "run_shell_command": {"command": "echo hello"},                 # Qwen Code
+               "bash": {"command": "echo hello", "description": "Print hello"}}  # OpenCode
 
 
 def tool_model(body: dict, path: str) -> Reply:
@@ -325,7 +333,8 @@ def tool_model(body: dict, path: str) -> Reply:
     out = _last_tool_output(body, path)
     if out is not None:
         return Reply(content=f"DONE: {_last_line(out)}")
-    names = [t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
+    names = [t.get("name") or (t.get("function") or {}).get("name")
+             for t in body.get("tools") or [] if isinstance(t, dict)]
     for name, args in SHELL_TOOLS.items():
         if name in names:
             return Reply(content="Running it.", tool_calls=[call(name, args)])

@@ -71,9 +71,7 @@ class ScriptedChat(ScriptedServer):
         @app.post("/v1/chat/completions")
         def chat():
             body = request.get_json(force=True)
-            with self._lock:
-                self.requests.append(body)
-                reply = self.replies.pop(0) if self.replies else None
+            reply = self._chat_reply(body)
             if reply is None:
                 return jsonify({"error": {"message": "script exhausted", "type": "server_error",
                                           "code": None}}), 500
@@ -108,6 +106,11 @@ class ScriptedChat(ScriptedServer):
             return jsonify(rec), 200, {"X-Echo": "1"}
 
         return app
+
+    def _chat_reply(self, body: dict):
+        with self._lock:
+            self.requests.append(body)
+            return self.replies.pop(0) if self.replies else None
 
     def _full(self, r: Reply, cid: str) -> dict:
         msg: dict = {"role": "assistant", "content": r.content}

@@ -32,6 +32,14 @@ class LlamaError:
         self.body = json.dumps(body).encode() if isinstance(body, dict) else body
         self.mimetype = mimetype
 
+    @property
+    def error(self) -> str:
+        """Its message (where an answer is made from a Reply's `error`)."""
+        try:
+            return json.loads(self.body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            return self.body.decode("utf-8", "replace")
+
     @classmethod
     def template(cls, reason: str = "System message must be at the beginning.") -> "LlamaError":
         """A chat template's raise_exception: tools/server answers 500 server_error."""
@@ -113,6 +121,11 @@ class ScriptedDialects(ScriptedChat):
             if self.responder is not None:
                 return self.responder(body, request.path)
             return self.replies.pop(0) if self.replies else None
+
+    def _chat_reply(self, body: dict):
+        """Chat completions answered like the other dialects (the responder, when set);
+        a LlamaError answer is not scripted here."""
+        return self._next(body)
 
     def _make_app(self):
         app = super()._make_app()

@@ -100,7 +100,8 @@ def tool_results(model) -> list[dict]:
     for b, path in zip(model.requests, model.paths):
         last = (b.get("messages") or b.get("input") or [{}])[-1]
         c = last.get("content") if isinstance(last, dict) else None
-        if last.get("type") == "function_call_output" or isinstance(c, list) and any(
+        if last.get("type") == "function_call_output" or last.get("role") == "tool" or \
+                isinstance(c, list) and any(
                 isinstance(x, dict) and x.get("type") == "tool_result" for x in c):
             out.append(b)
     return out
@@ -443,3 +444,47 @@ def test_codex_through_a_load_longer_than_its_idle_timer(tmp_path):
     assert "DONE: hello" in p.stdout
     assert model.arrivals == 2, "one request per turn, no retry"
     assert [c for c in runtime.calls if c[0] == "start"] == [("start", "tiny-a")]
+
+
+QWEN_IDLE_MS = 2000             # QWEN_STREAM_IDLE_TIMEOUT_MS, Qwen Code's own setting
+QWEN_WAIT = 5.0
+
+
+def qwen_code() -> tuple[str, str]:
+    """Qwen Code's CLI and the folder of its node 22 (tests/testbed/setup.sh
+    step_qwen_code)."""
+    cache = os.environ.get("CODING_STACK_CACHE", "/var/cache/coding-stack")
+    for d in sorted(glob.glob(os.path.join(cache, "agents-qwen-*", "node_modules", ".bin"))):
+        if os.access(os.path.join(d, "qwen"), os.X_OK) and \
+                os.access(os.path.join(d, "node"), os.X_OK):
+            return os.path.join(d, "qwen"), d
+    pytest.fail("Qwen Code is not installed (tests/testbed/setup.sh step_qwen_code)")
+
+
+@pytest.mark.parametrize("progress", [True, False], ids=["progress", "comments-only"])
+def test_qwen_code_through_a_prefill_longer_than_its_idle_timer(waits, tmp_path, progress):
+    """Qwen Code 0.24.4 (chat completions; the stack injects web_search beside its tools)
+    with its stream idle timer at 2 s (QWEN_STREAM_IDLE_TIMEOUT_MS): a first turn that
+    waits 5 s for its first token. With the stack's progress (a role chunk, then empty
+    content deltas) the one request is answered and its shell call runs: one request
+    per turn, every prompt rendered by the Qwen3.5 template; with comments only (the
+    control) Qwen Code drops the stream and sends it again."""
+    qwen, node_bin = qwen_code()
+    make, model, rendering, _ = waits
+    url = make(progress)
+    model.head_delays = [QWEN_WAIT]
+    p = run([qwen, "-p", SHELL_PROMPT, "--yolo"], tmp_path, {
+        "PATH": node_bin + os.pathsep + os.environ["PATH"],
+        "OPENAI_BASE_URL": url + "/v1", "OPENAI_API_KEY": "x", "OPENAI_MODEL": "scripted-model",
+        "QWEN_STREAM_IDLE_TIMEOUT_MS": str(QWEN_IDLE_MS),
+        "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"})
+    assert "DONE:" in p.stdout, p.stdout + p.stderr[-2000:]
+    if not progress:
+        assert model.arrivals == 3, "the control: turn 1 dropped and sent again, turn 2"
+        return
+    assert model.arrivals == 2, "one request per turn, no retry"
+    assert tool_results(model), "the shell call ran and its output came back"
+    assert rendering.refused == []
+    first = model.requests[0]
+    names = [t["function"]["name"] for t in first["tools"]]
+    assert "run_shell_command" in names and names[-1] == "web_search"
