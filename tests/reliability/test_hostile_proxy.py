@@ -608,3 +608,14 @@ def test_a_client_that_hangs_up_after_a_stray_crlf_is_seen_leaving(stray):
         assert held.cut[0][1] == b"", held.cut
         assert held.cut[0][0] - held.asked[0] < 5, held.cut
     held.srv.close()
+
+
+def test_expect_100_continue_is_answered_here_and_never_sent_on(proxy, backend):
+    """Issue 28: `Expect: 100-continue` was forwarded: the next hop was asked for a
+    handshake the proxy had already done (gunicorn answers it) on a body sent whole."""
+    ans = send(proxy.url, "POST", "/v1/embeddings", {"Content-Type": "application/json",
+                                                     "Expect": "100-continue"},
+               hostile.dumps({"model": "m", "input": "x"}))
+    assert ans.status == 200, ans.body[:200]
+    got = {k.lower(): v for k, v in backend.other[-1]["headers"].items()}
+    assert "expect" not in got and got["content-type"] == "application/json"
