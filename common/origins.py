@@ -13,7 +13,7 @@ use it or read from it. One WSGI middleware, outermost, before anything else run
   CORS_ORIGINS. curl, SDKs and agents send none of these and pass unchanged; the
   console at /ui (same origin) does too. `public(method, path)` names what
   anyone may fetch: the console's page and its assets (they hold no data).
-- A browser's body (the request carries `Origin` or a `Sec-Fetch-*` field) in a
+- A browser's body (the request carries `Origin` or `Sec-Fetch-Site`) in a
   CORS-safelisted Content-Type (text/plain, a form, multipart, or none) is refused
   with 415: a body is JSON only when it says so. curl's `-d` (a form type, no
   Origin) is not a browser's.
@@ -129,7 +129,10 @@ class OriginGuard:
                 return 403, "cross_origin_refused", (
                     f"a request from another origin ({shown[:100]}) is refused: web pages "
                     "cannot use this endpoint; list an origin in CORS_ORIGINS to allow it")
-        browser = origin is not None or any(k.startswith("HTTP_SEC_FETCH_") for k in environ)
+        # A browser: Origin or Sec-Fetch-Site (every browser sends the latter). Not
+        # Sec-Fetch-Mode alone: Node's fetch (undici: the JS SDKs, Claude Code)
+        # sends `sec-fetch-mode: cors` on every request.
+        browser = origin is not None or bool(site)
         if browser and method not in _BODY_METHODS_FREE and has_body(environ):
             ctype = (environ.get("CONTENT_TYPE") or "").split(";")[0].strip().lower()
             if not ctype or ctype in SAFELISTED_TYPES:

@@ -223,6 +223,15 @@ def test_a_browsers_body_is_json_only_when_it_says_so(upstream, ctype):
     assert upstream.heads == []
 
 
+def test_nodes_fetch_is_not_a_browser(upstream):
+    """Node's fetch (undici: the JS SDKs, Claude Code) sends `sec-fetch-mode: cors`
+    on every request, and no Origin: it is a client like curl."""
+    r = client(upstream).post("/v1/completions", data=CHAT, headers={
+        "sec-fetch-mode": "cors", "user-agent": "node", "accept-language": "*",
+        "Content-Type": "text/plain"})
+    assert r.status_code == 200 and len(upstream.heads) == 1
+
+
 def test_a_browsers_empty_post_passes(upstream):
     """The console's Load and Unload buttons: POST, no body."""
     c = client(upstream)
