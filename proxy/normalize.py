@@ -176,8 +176,8 @@ def apply_token_floor(body: dict, floor: int | None,
 def clamp_to_context(body: dict, most: int | None,
                      keys=("max_tokens", "max_completion_tokens")) -> bool:
     """Lower a limit above `most` (the model's context, where its backend refuses a
-    larger one) to it, so the agent's generous default (OpenCode 32000, Qwen Code
-    32768) is served instead of refused."""
+    larger one) to it, so the agent's generous default (OpenCode and Qwen Code send
+    32000) is served instead of refused."""
     if not most:
         return False
     changed = False

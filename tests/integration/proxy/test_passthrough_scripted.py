@@ -210,7 +210,7 @@ CONTEXTS = [{"id": "vllm-model", "object": "model", "kind": "vllm", "context_len
 def test_a_limit_above_a_vllm_context_is_clamped(make_proxy, chat):
     """vLLM refuses a max_tokens above its max_model_len with a 400 ("max_tokens=32000
     cannot be greater than max_model_len=2048", vLLM 0.32) and clamps a smaller one
-    to what the prompt leaves; OpenCode sends 32000, Qwen Code 32768: the proxy
+    to what the prompt leaves; OpenCode and Qwen Code send 32000: the proxy
     lowers such a limit to the context the registry gives (or vLLM's own /v1/models
     max_model_len); llama-server, which stops at the context's end, gets it as sent."""
     chat.models = CONTEXTS

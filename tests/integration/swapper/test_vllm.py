@@ -41,7 +41,7 @@ def test_vllm_through_the_proxy(swapper, proxy, invariant):
                                             messages=[{"role": "user", "content": "Say hello."}]))
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
 
-    # A limit above the context (OpenCode sends 32000, Qwen Code 32768): vLLM refuses it
+    # A limit above the context (OpenCode and Qwen Code 0.24.4 send 32000): vLLM refuses it
     # ("max_tokens=32000 cannot be greater than max_model_len=2048"); through the proxy it
     # is clamped to the registry's context_length, and vLLM fits it to the prompt.
     big = {"model": "tiny-vllm", "max_tokens": 32000, "stop": ["\n", ".", "!"],
