@@ -39,6 +39,14 @@ B_DIR = REPO / "tests" / "fixtures" / "fleet" / "b"
 # (FLEET_POLL_INTERVAL 1 s: one /healthz + one /v1/models per stack a second) is 120
 # probes of each per stack; the test sends at least that many, at a short interval.
 HEALTH_PROBES = 120
+# A and B have API keys, as the README's host step sets them; the router gets them as
+# FLEET_KEY_A / FLEET_KEY_B. The tests' own calls to a stack carry its key (`auth`).
+STACK_KEYS = {"A": "stack-a-key-7c1e", "B": "stack-b-key-52d9"}
+_KEY_OF: dict[str, str] = {}                   # a stack's base URL -> its key
+
+
+def auth(url: str) -> dict:
+    return {"Authorization": f"Bearer {_KEY_OF[url]}"} if url in _KEY_OF else {}
 WEB = {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}
 
 
@@ -53,15 +61,16 @@ def fleet():
     with SwapperProcess(backends_dir=A_DIR) as sa, \
             SwapperProcess(backends_dir=B_DIR, MAX_QUEUE=1) as sb, \
             ProxyProcess(BACKEND_URL=sa.url, WEB_SEARCH=0, SYSTEM_PROMPT="",
-                         KEEPALIVE_INTERVAL=0.5) as pa, \
+                         KEEPALIVE_INTERVAL=0.5, API_KEY=STACK_KEYS["A"]) as pa, \
             ProxyProcess(BACKEND_URL=sb.url, WEB_SEARCH=0, SYSTEM_PROMPT="",
-                         KEEPALIVE_INTERVAL=0.5) as pb, \
+                         KEEPALIVE_INTERVAL=0.5, API_KEY=STACK_KEYS["B"]) as pb, \
             ScriptedDialects() as model_c, searching(model_c.url, True) as (c_url, _):
         model_c.responder = searching_model
         f.sa, f.sb, f.pa, f.pb, f.c_url, f.model_c = sa, sb, pa, pb, c_url, model_c
         f.stacks = {"A": pa.url, "B": pb.url, "C": c_url}
+        _KEY_OF.update({pa.url: STACK_KEYS["A"], pb.url: STACK_KEYS["B"]})
         with DockerSampler([sa.stack, sb.stack]) as sampler, \
-                LiteLLMRouter(f.stacks, cooldown=5.0, poll=0.5,
+                LiteLLMRouter(f.stacks, cooldown=5.0, poll=0.5, keys=STACK_KEYS,
                               patterns={"C": []}) as router:      # A, B: the shipped ones
             f.sampler, f.router, f.url = sampler, router, router.url
             yield f
@@ -82,14 +91,15 @@ def loads(before: dict, after: dict) -> dict:
 
 def unload_all(f):
     for p in (f.pa, f.pb):
-        requests.post(p.url + "/unload", timeout=30).raise_for_status()
+        requests.post(p.url + "/unload", timeout=30, headers=auth(p.url)).raise_for_status()
     wait_for(lambda: not any(requests.get(sw.url + "/healthz", timeout=5).json()["model"]
                              for sw in (f.sa, f.sb)), "both stacks idle")
     time.sleep(1.2)                      # the router's poller (0.5 s) sees it
 
 
 def load(stack_proxy: str, model: str):
-    requests.post(f"{stack_proxy}/load/{model}", timeout=120).raise_for_status()
+    requests.post(f"{stack_proxy}/load/{model}", timeout=120,
+                  headers=auth(stack_proxy)).raise_for_status()
     time.sleep(1.2)
 
 
@@ -117,6 +127,14 @@ def test_config_is_a_group_per_model_over_the_stacks_that_declare_it(fleet):
         assert groups[glob] == {("A", "openai"), ("A", "anthropic"), ("B", "openai"),
                                 ("B", "anthropic")}, glob
     assert fleet.router.config["general_settings"]["background_health_checks"] is False
+    # A's and B's keys: named by variable in the config (never the key), in force on
+    # the stacks (keyless: 401), passed on by the router (every test below)
+    keys = {d["model_info"]["fleet_stack"]: d["litellm_params"]["api_key"]
+            for d in fleet.router.config["model_list"]}
+    assert keys == {"A": "os.environ/FLEET_KEY_A", "B": "os.environ/FLEET_KEY_B", "C": "none"}
+    assert not any(k in json.dumps(fleet.router.config) for k in STACK_KEYS.values())
+    for p in (fleet.pa, fleet.pb):
+        assert requests.get(p.url + "/v1/models", timeout=10).status_code == 401
     r = requests.get(fleet.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"},
                      timeout=10)
     assert {"alpha", "beta", "gamma", "scripted-model"} <= {m["id"] for m in r.json()["data"]}
@@ -134,7 +152,7 @@ def test_no_key_or_a_wrong_key_is_a_401(fleet, key):
     import openai
 
     def posts() -> float:                   # the model requests the stacks' proxies counted
-        return sum(scrape(p.url).value("proxy_requests_total", method="POST")
+        return sum(scrape(p.url, auth(p.url)).value("proxy_requests_total", method="POST")
                    for p in (fleet.pa, fleet.pb))
     n0 = posts()
     body = {"model": "beta", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
@@ -255,7 +273,7 @@ def test_a_session_stays_on_its_stack_over_a_resident_elsewhere(fleet, how):
         return served_by(r, fleet.stacks)
 
     assert turn() == "B"
-    requests.post(fleet.pb.url + "/unload", timeout=30).raise_for_status()
+    requests.post(fleet.pb.url + "/unload", timeout=30, headers=auth(fleet.pb.url)).raise_for_status()
     load(fleet.pa.url, "beta")
     assert ok_from(fleet, "beta") == "A"       # no session: where it is resident
     assert turn() == "B"                       # the session: where it was
@@ -335,7 +353,7 @@ def test_agents_tier_names_go_to_the_sessions_stack_with_no_load(fleet):
     assert [requests.get(sw.url + "/healthz", timeout=5).json()["model"]
             for sw in (fleet.sa, fleet.sb)] == ["alpha", "beta"]
     # no session: to B (beta loaded), not A (idle, named first)
-    requests.post(fleet.pa.url + "/unload", timeout=30).raise_for_status()
+    requests.post(fleet.pa.url + "/unload", timeout=30, headers=auth(fleet.pa.url)).raise_for_status()
     time.sleep(1.2)
     before = counts(fleet)
     for _ in range(2):
@@ -380,7 +398,7 @@ def routing_module():
 
 def probes(proxy_url: str) -> dict:
     """The status probes a stack's proxy answered (its own request counter)."""
-    m = scrape(proxy_url)
+    m = scrape(proxy_url, auth(proxy_url))
     return {route: m.value("proxy_requests_total", route=route, method="GET", status="200")
             for route in ("/healthz", "/v1/models")}
 
@@ -395,7 +413,7 @@ def test_health_traffic_starts_no_load(fleet):
     unload_all(fleet)
     before, seen = counts(fleet), {"A": probes(fleet.pa.url), "B": probes(fleet.pb.url)}
     poller = routing_module().StatusPoller({"A": fleet.pa.url, "B": fleet.pb.url},
-                                           interval=0.05).start()
+                                           interval=0.05, api_keys=STACK_KEYS).start()
     try:
         def enough():
             assert requests.get(fleet.url + "/health/liveliness", timeout=5).status_code == 200

@@ -40,14 +40,19 @@ class LiteLLMRouter(ServiceProcess):
     ready_timeout = 180.0
 
     def __init__(self, stacks: dict[str, str], strategy: str = "fleet", cooldown: float = 5.0,
-                 poll: float = 0.5, patterns: dict | None = None, **env):
+                 poll: float = 0.5, patterns: dict | None = None, keys: dict | None = None,
+                 **env):
+        # `keys`: the stacks' API_KEYs ({name: key}), given to the router as the README
+        # says (FLEET_KEY_<NAME>; the config names the variable, never the key)
+        keys = keys or {}
         super().__init__({"LITELLM_MASTER_KEY": KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                          "LITELLM_LOG": "ERROR", "NO_DOCS": "True", **env})
+                          "LITELLM_LOG": "ERROR", "NO_DOCS": "True",
+                          **{fleet.env_name(n): k for n, k in keys.items()}, **env})
         self.dir = Path(tempfile.mkdtemp(prefix="fleet-"))
         shutil.copy(FLEET_DIR / "routing.py", self.dir / "routing.py")
-        models = {n: fleet.fetch_models(u) for n, u in stacks.items()}
-        self.config = fleet.build(models, stacks, strategy, cooldown=cooldown, poll=poll,
-                                  patterns=patterns)
+        models = {n: fleet.fetch_models(u, keys.get(n)) for n, u in stacks.items()}
+        self.config = fleet.build(models, stacks, strategy, keyed=set(keys), cooldown=cooldown,
+                                  poll=poll, patterns=patterns)
         (self.dir / "config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
 
     def command(self) -> list[str]:

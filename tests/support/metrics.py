@@ -27,8 +27,8 @@ class Scrape:
         return f.type if f else None
 
 
-def scrape(base_url: str) -> Scrape:
-    r = requests.get(base_url + "/metrics", timeout=10)
+def scrape(base_url: str, headers: dict | None = None) -> Scrape:
+    r = requests.get(base_url + "/metrics", timeout=10, headers=headers)
     r.raise_for_status()
     return Scrape(r.text)
 
