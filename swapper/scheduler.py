@@ -23,8 +23,9 @@ Policy
   (A B A B -> A A B B, grouped by model).
 - Holds (policy "hold", the default; "fifo" is the policy without them). A
   request that ends well on the resident model gives its *session* (the agent
-  that sent it, swapper/sessions.py) a hold of `hold` seconds (once it has come
-  back: twice its longest recent gap plus a second, at most `hold`): that session's
+  that sent it, swapper/sessions.py) a hold: `first_hold` seconds, then (once
+  it has come back) twice its longest recent gap plus a second, at most `hold`.
+  That session's
   next request for the resident model joins the epoch although other models
   wait, and the resident model is not stopped while a hold runs. An agent's turn
   (answer, tool call, next request) so stays on the model it started on. Holds
@@ -87,7 +88,8 @@ HOLD, FIFO = "hold", "fifo"
 class SwapPolicy:
     """How long a model is kept for its agents' next turns (see the module)."""
     name: str = HOLD
-    hold: float = 10.0              # seconds a session's next request goes first
+    hold: float = 10.0              # seconds a session's next request goes first, at most
+    first_hold: float = 3.0         # ... before the session has come back once
     quantum_factor: float = 3.0     # x the waiting model's expected load time
     quantum_min: float = 5.0
     quantum_max: float = 300.0
@@ -96,7 +98,8 @@ class SwapPolicy:
 
     @classmethod
     def from_settings(cls, s) -> "SwapPolicy":
-        return cls(name=s.SWAP_POLICY, hold=s.HOLD_SECONDS, quantum_factor=s.QUANTUM_FACTOR,
+        return cls(name=s.SWAP_POLICY, hold=s.HOLD_SECONDS, first_hold=s.HOLD_FIRST_SECONDS,
+                   quantum_factor=s.QUANTUM_FACTOR,
                    quantum_min=s.QUANTUM_MIN_SECONDS, quantum_max=s.QUANTUM_MAX_SECONDS)
 
 
@@ -694,11 +697,13 @@ class Scheduler:
 
     def _hold_for(self, session: str) -> float:
         """A session's hold: twice its longest recent gap between an answer and
-        its next request, plus a second, at most `hold` (`hold` until it has
-        come back once): an agent whose tools take 1 s does not keep a model
-        10 s after its last turn."""
+        its next request, plus a second, at most `hold`; `first_hold` until it
+        has come back once (one-shot clients hold little): an agent whose tools
+        take 1 s does not keep a model 10 s after its last turn."""
         gap = self._gaps.longest(session)
-        return self.policy.hold if gap is None else min(self.policy.hold, 2 * gap + 1.0)
+        if gap is None:             # its first turn: it may never come back
+            return min(self.policy.hold, self.policy.first_hold)
+        return min(self.policy.hold, 2 * gap + 1.0)
 
     def _break_hold(self, session: str, why: str) -> None:
         if self._holds.pop(session, None) is not None:

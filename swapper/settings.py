@@ -27,13 +27,16 @@ class Settings:
     STACK_NAME: str = setting("coding-stack")
     MAX_QUEUE: int = setting(64, min=1)
     # The swap policy (swapper/scheduler.py; README "How swapping and queueing
-    # behave"). hold: an agent session's next request within HOLD_SECONDS goes
-    # before other models' waiting requests, for at most a quantum of
+    # behave"). hold: an agent session's next request within its hold goes
+    # before other models' waiting requests (HOLD_FIRST_SECONDS after its first
+    # request, then twice its longest recent gap + 1 s, at most HOLD_SECONDS),
+    # for at most a quantum of
     # QUANTUM_FACTOR x the waiting model's expected load time, clamped to
     # [QUANTUM_MIN_SECONDS, QUANTUM_MAX_SECONDS]. fifo: swap as soon as the
     # resident model is drained (no holds).
     SWAP_POLICY: str = setting("hold", choices=("hold", "fifo"))
     HOLD_SECONDS: float = setting(10.0, min=0)
+    HOLD_FIRST_SECONDS: float = setting(3.0, min=0)
     QUANTUM_FACTOR: float = setting(3.0, min=0)
     QUANTUM_MIN_SECONDS: float = setting(5.0, min=0)
     QUANTUM_MAX_SECONDS: float = setting(300.0, min=0)

@@ -386,13 +386,15 @@ def test_snapshot_counts_the_last_hours_loads_and_their_seconds():
 
 
 def test_a_hold_is_priced_by_the_sessions_own_gaps():
-    """Twice the longest of its last gaps plus a second, at most HOLD_SECONDS: an
-    agent whose tools take 0.2 s keeps a model 1.4 s after its last turn, not 10."""
+    """HOLD_FIRST_SECONDS after a session's first request (a one-shot client
+    holds little), then twice the longest of its last gaps plus a second, at
+    most HOLD_SECONDS: an agent whose tools take 0.2 s keeps a model 1.4 s after
+    its last turn, not 10."""
     clock = Clock()
     s = make(clock)
     t = ready(s, "x", "fast")
     s.release(t)
-    assert s._holds["fast"] - clock.now == 10.0          # never came back yet: the cap
+    assert s._holds["fast"] - clock.now == 3.0      # never came back yet: first_hold
     for _ in range(3):
         clock.now += 0.2
         t = s.submit("x", "fast")
