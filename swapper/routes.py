@@ -257,10 +257,6 @@ def v1(path: str):
 
 def _pass_through(spec: ModelSpec, target: str, query: str, body: bytes, headers=None,
                   stream: bool = False):
-    if request.method == "HEAD" and parts().scheduler.model != spec.id:
-        # A HEAD reads; it never loads or swaps a model (GET or POST does).
-        raise ApiError(f"HEAD never loads a model: '{spec.id}' is not loaded", 409,
-                       code="model_not_loaded")
     return parts().forwarder.forward(spec.id, request.method, target, query,
                                      request.headers if headers is None else headers,
                                      body or None, request.environ, stream)
