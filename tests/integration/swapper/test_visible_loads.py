@@ -50,8 +50,12 @@ def test_a_stream_waiting_for_a_load_gets_comments_until_its_first_token(stack, 
     arrivals = list(timed_chunks(r))
     body = b"".join(c for _, c in arrivals)
     comments = [line for line in body.split(b"\n") if line.startswith(b": ")]
-    first_data = body.index(b"data: ")
-    assert body[:first_data].count(b": ") >= 3, body[:first_data]   # ~4 s at 0.5 s
+    before = body[:body.index(b"Slow")]              # the backend's first token
+    assert before.count(b": ") >= 3, before          # ~4 s at 0.5 s
+    if via == "proxy":          # and the progress Qwen Code & co. count (proxy/progress.py)
+        assert before.index(b'"delta":{"role":"assistant","content":""}') < \
+            before.index(b'"delta":{"content":""}')
+        assert before.count(b'"delta":{"content":""}') >= 2, before
     assert any(b"loading model slow-start" in c for c in comments), comments
     assert body.rstrip().endswith(b"data: [DONE]")
     text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
@@ -75,14 +79,25 @@ def test_the_openai_sdk_reads_a_stream_that_waited(stack):
         "Slow but sure."
 
 
-def test_the_anthropic_sdk_reads_a_messages_stream_that_waited(stack):
+@pytest.mark.parametrize("via", ["swapper", "proxy"])
+def test_the_anthropic_sdk_reads_a_messages_stream_that_waited(stack, via):
+    """Through the proxy the wait is a thinking block (what Claude Code's idle timer
+    counts) before the answer's text, signed so the proxy takes it out of the next turn."""
     import anthropic
-    sw, _ = stack
-    client = anthropic.Anthropic(base_url=sw.url, api_key="x", max_retries=0, timeout=120)
+    from proxy.progress import MARKER
+    sw, px = stack
+    client = anthropic.Anthropic(base_url=(sw if via == "swapper" else px).url, api_key="x",
+                                 max_retries=0, timeout=120)
     with client.messages.stream(model="slow-start", max_tokens=16,
                                 messages=[{"role": "user", "content": "Hi"}]) as s:
         final = s.get_final_message()
-    assert final.content[0].text == "Slow but sure."
+    assert final.content[-1].text == "Slow but sure."
+    if via == "proxy":
+        assert [b.type for b in final.content] == ["thinking", "text"]
+        assert final.content[0].signature == MARKER
+        assert "loading model slow-start" in final.content[0].thinking
+    else:
+        assert len(final.content) == 1
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
@@ -241,7 +256,7 @@ def test_a_load_done_before_gives_the_next_one_an_eta_and_requests_their_wait(st
     assert loading and all(c.endswith(b" s left") for c in loading), loading
     wait = queuewait.from_piece(body)
     assert wait is not None and wait > 0
-    assert body.index(b": queue-wait ") < body.index(b"data: ")
+    assert body.index(b": queue-wait ") < body.index(b"Slow")    # before the model's events
     started = [e for e in events if e["event"] == "load_started" and e["model"] == "slow-start"]
     assert started and started[-1]["expected_seconds"] > 0, events
     rec = [x for x in requests.get(px.url + "/ui/activity", timeout=10).json()["data"]
