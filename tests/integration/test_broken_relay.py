@@ -46,7 +46,7 @@ def proxy():
 def raw_get(port: int, path: str) -> bytes:
     """All the proxy sends for one request, until it closes the connection."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
         got = b""
         while data := s.recv(65536):
             got += data

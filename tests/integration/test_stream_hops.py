@@ -91,7 +91,7 @@ def _head_and_first_event(url: str, body: dict) -> tuple[float, float]:
     data = requests.models.complexjson.dumps(body).encode()
     with socket.create_connection((host, int(port)), timeout=30) as s:
         t0 = time.monotonic()
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(data)
                   + data)
         buf, head = b"", None
