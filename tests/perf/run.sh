@@ -13,6 +13,8 @@
 #                                           several agents on several models: loads,
 #                                           time against the ideal, waits, per swap
 #                                           policy (tests/perf/thrash.py; ~8 min at 3 s)
+#   tests/perf/run.sh prefetch [--repeats 5]  a load with its files cold / prefetched
+#                                           in the page cache (tests/perf/prefetch.py)
 #   tests/perf/run.sh kvswap [--sizes 8000,24000 --repeats 3]
 #                                           the turn after a swap-back: never swapped,
 #                                           restored, no restore (tests/perf/kvswap.py;
@@ -50,6 +52,10 @@ fi
 if [ "${1:-}" = "thrash" ]; then
   shift
   exec "$py" -m tests.perf.thrash "$@"
+fi
+if [ "${1:-}" = "prefetch" ]; then
+  shift
+  exec "$py" -m tests.perf.prefetch "$@"
 fi
 
 # LiteLLM 1.108.7 (the proxy extra) and py-spy 0.4.3, pinned, in a venv of their own.

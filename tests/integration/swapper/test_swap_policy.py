@@ -102,6 +102,12 @@ def test_a_waiting_stream_and_running_say_why_it_waits(sw):
     assert running["policy"] == "hold" and running["hold"]["sessions"] == 1
     assert running["hold"]["waiting_model"] == "y"
     assert 0 < running["hold"]["quantum_ends_in"] <= 12
+    # Meanwhile the waiting model's files (here: its script under its mount) were
+    # read into the page cache.
+    deadline = time.monotonic() + 5
+    while "of model y into the page cache" not in sw.logs() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "of model y into the page cache" in sw.logs()
 
 
 def test_an_operator_load_is_not_held(sw):
