@@ -40,23 +40,10 @@ cache="${CODING_STACK_CACHE:-/var/cache/coding-stack}"
 py="${PERF_PYTHON:-$repo/.venv/bin/python}"
 [ -x "$py" ] || py=python3
 
-# The agent-turns benchmark needs neither LiteLLM nor py-spy.
-if [ "${1:-}" = "agents" ]; then
-  shift
-  exec "$py" -m tests.perf.agents "$@"
-fi
-if [ "${1:-}" = "kvswap" ]; then
-  shift
-  exec "$py" -m tests.perf.kvswap "$@"
-fi
-if [ "${1:-}" = "thrash" ]; then
-  shift
-  exec "$py" -m tests.perf.thrash "$@"
-fi
-if [ "${1:-}" = "prefetch" ]; then
-  shift
-  exec "$py" -m tests.perf.prefetch "$@"
-fi
+# The benchmarks of their own (tests/perf/<name>.py) need neither LiteLLM nor py-spy.
+case "${1:-}" in
+  agents | kvswap | thrash | prefetch) name=$1; shift; exec "$py" -m "tests.perf.$name" "$@" ;;
+esac
 
 # LiteLLM 1.108.7 (the proxy extra) and py-spy 0.4.3, pinned, in a venv of their own.
 LITELLM_VERSION=1.108.7

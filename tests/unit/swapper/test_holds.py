@@ -7,14 +7,7 @@ import pytest
 
 from swapper.loadtimes import LoadTimes
 from swapper.scheduler import FIFO, LOADING, READY, STOPPING, LoadFailed, Scheduler, SwapPolicy
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
+from tests.unit.swapper.test_scheduler import Clock, step
 
 
 def make(clock, policy=None, slots=None, loads=None):
@@ -28,17 +21,6 @@ def make(clock, policy=None, slots=None, loads=None):
     s.subscribe(lambda e, f: events.append((e, f)))
     s.events = events
     return s
-
-
-def step(s, fail=None):
-    a = s.next_action(timeout=0)
-    assert a is not None, "expected an action"
-    if a.kind == "load":
-        s.load_done(a.epoch, backend=f"backend-{a.model}",
-                    error=LoadFailed(fail) if fail else None)
-    else:
-        s.stop_done()
-    return a
 
 
 def ready(s, model, session=None):
