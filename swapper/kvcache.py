@@ -619,12 +619,22 @@ def _offload(fn, *args):
     swapper's worker), else here."""
     try:
         from gevent import monkey
-        if monkey.is_module_patched("threading"):
-            import gevent
-            return gevent.get_hub().threadpool.apply(fn, args)
+        patched = monkey.is_module_patched("threading")
     except ImportError:
-        pass
-    return fn(*args)
+        patched = False
+    if not patched:
+        return fn(*args)
+    import gevent
+
+    def run():
+        try:
+            return fn(*args), None
+        except Exception as e:          # raised here, not logged by the pool's thread
+            return None, e
+    result, error = gevent.get_hub().threadpool.apply(run)
+    if error is not None:
+        raise error
+    return result
 
 
 def _auth(backend) -> dict:

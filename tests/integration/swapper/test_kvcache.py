@@ -361,3 +361,30 @@ def test_a_fifo_in_the_folder_never_freezes_the_swapper(kv_swapper):
     assert done["timings"]["cache_n"] > 300          # the saved slot was restored
     names = sorted(p.name for p in folder.iterdir())
     assert "slot7.json" not in names and "slot8.bin" not in names and "stray.bin" not in names
+
+
+def test_a_huge_slot_file_is_hashed_within_the_restore_deadline(docker_client, tmp_path):
+    """A huge (or endless) slotN.bin was hashed with no deadline: the swap back
+    waited for all of it (minutes for this one). Its sidecar naming 64 GB (a
+    sparse file), a restore budget of 1 s: the restore gives up at its deadline
+    (a timeout, not a corrupt file found after the whole read) and the load goes
+    on (then a full prefill)."""
+    with SwapperProcess(KV_CACHE_DIR=str(tmp_path), KV_CACHE_RESTORE_TIMEOUT="1",
+                        KV_CACHE_MAX_GB="1000", SWAP_POLICY="fifo") as sw:
+        ask(sw, "tiny-a", "Say OK.")
+        ask(sw, "tiny-b", "Hi.")                    # tiny-a saved
+        (sidecar,) = (tmp_path / "tiny-a").glob("slot*.json")
+        meta = json.loads(sidecar.read_text())
+        big = 64 << 30
+        with open(sidecar.with_suffix(".bin"), "ab") as f:
+            f.truncate(big)
+        meta["bytes"] = big
+        sidecar.write_text(json.dumps(meta))
+        t0 = time.monotonic()
+        ask(sw, "tiny-a", "Say OK.")                # the swap back: its restore
+        took = time.monotonic() - t0
+        assert metric(sw, "swapper_kv_cache_failures_total", direction="restore",
+                      reason="timeout") >= 1
+        assert took < 30, f"the swap back took {took:.1f} s"
+        requests.post(sw.url + "/unload", timeout=120)
+    print(f"swap back with a 64 GB slot file and a 1 s restore budget: {took:.2f} s")
