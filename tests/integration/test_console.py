@@ -656,6 +656,29 @@ def test_the_console_works_from_its_own_origin_under_another_name(page, proxy):
                            timeout=10_000)
 
 
+def test_an_allowlisted_origin_reads_through_the_proxys_own_cors(page, swapper, attacker):
+    """CORS_ORIGINS: that origin's simple and preflighted reads work in a real browser
+    (the preflight answered by the proxy: Authorization allowed, nothing routed), with
+    the proxy's Access-Control-Allow-Origin only; any other origin is still refused."""
+    allowed = f"http://attacker.test:{attacker.port}"
+    with ProxyProcess(BACKEND_URL=swapper.url, WEB_SEARCH="0", API_KEY=KEY,
+                      CORS_ORIGINS=allowed) as p:
+        reads = """async ([base, key]) => { const out = {};
+            for (const [name, init] of [["simple", {}],
+                                        ["preflighted", {headers: {Authorization: "Bearer " + key}}]]) {
+              try { const r = await fetch(base + "/v1/models", init);
+                    out[name] = [r.status, await r.text()]; }
+              catch (e) { out[name] = String(e); } }
+            return out; }"""
+        page.goto(allowed + "/")
+        got = page.evaluate(reads, [p.url, KEY])
+        assert got["simple"][0] == 401                  # readable: the key's refusal
+        assert got["preflighted"][0] == 200 and "tiny-a" in got["preflighted"][1], got
+        page.goto(f"http://127.0.0.1:{attacker.port}/")
+        got = page.evaluate(reads, [p.url, KEY])
+        assert all(isinstance(v, str) and "Failed to fetch" in v for v in got.values()), got
+
+
 def test_every_request_listed_once_over_a_slow_link(page, proxy, tmp_path):
     """Chromium's network emulation makes every call of the page take ~2.5 s (more
     than the 2 s poll period) while requests reach the proxy: polls must not overlap
