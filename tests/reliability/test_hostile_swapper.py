@@ -82,12 +82,6 @@ def test_the_model_named_answers_whatever_the_content_type(swapper, ctype):
     ("POST", "/v1/load_lora_adapter", 404),
     ("OPTIONS", "/v1/chat/completions", 204),
     ("OPTIONS", "/v1/nope", 404),
-    # issue 28: a state change acts on POST only (an <img> or a link loaded or unloaded)
-    ("GET", "/load/b", 405),
-    ("HEAD", "/load/b", 405),
-    ("GET", "/unload", 405),
-    ("HEAD", "/unload", 405),
-    ("GET", "/models/load", 405),
 ])
 def test_a_request_that_cannot_succeed_never_loads_or_evicts(swapper, docker_client, method,
                                                              path, status):
@@ -101,6 +95,24 @@ def test_a_request_that_cannot_succeed_never_loads_or_evicts(swapper, docker_cli
         assert ans.envelope is not None, ans.body
     if status == 405:
         assert "POST" in ans.headers["allow"]
+    assert containers(docker_client, swapper) == before
+    snap = running(swapper)
+    assert (snap["model"], snap["state"]) == ("tiny-a", "ready")
+
+
+def test_a_read_of_a_state_change_moves_nothing(swapper, docker_client):
+    """Issue 28: a state change acts on POST only (an <img> or a link loaded or
+    unloaded a model): GET and HEAD are 405s with Allow: POST. One load for all."""
+    load(swapper, "a")
+    before = containers(docker_client, swapper)
+    for method, path in [("GET", "/load/b"), ("HEAD", "/load/b"), ("GET", "/unload"),
+                         ("HEAD", "/unload"), ("GET", "/models/load"),
+                         ("GET", "/models/unload")]:
+        ans = send(swapper.url, method, path, {"Content-Type": "application/json"},
+                   None, timeout=30)
+        assert ans.status == 405 and "POST" in ans.headers["allow"], (method, path)
+        if method != "HEAD":
+            assert ans.envelope is not None, ans.body
     assert containers(docker_client, swapper) == before
     snap = running(swapper)
     assert (snap["model"], snap["state"]) == ("tiny-a", "ready")
