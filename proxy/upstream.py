@@ -153,14 +153,15 @@ class Background:
         return self._value
 
 
-def waited(task: "Background | Callable", interval: float, keepalive: bytes):
-    """A generator that yields `keepalive` every `interval` s while the task (or
-    fn(), started now) runs and returns its result (`r = yield from waited(...)`),
-    or raises what it raised."""
+def waited(task: "Background | Callable", interval: float,
+           keepalive: "bytes | Callable[[], bytes]"):
+    """A generator that yields `keepalive` (or what it makes, made only when sent)
+    every `interval` s while the task (or fn(), started now) runs and returns its
+    result (`r = yield from waited(...)`), or raises what it raised."""
     if not isinstance(task, Background):
         task = Background(task)
     while not task.wait(interval):
-        yield keepalive
+        yield keepalive() if callable(keepalive) else keepalive
     return task.result()
 
 

@@ -130,7 +130,14 @@ def turn_of_message(msg: dict, finish=None) -> Turn:
 
 class ChatAdapter(Adapter):
     path = PATH
-    keepalive = sse.KEEPALIVE
+
+    @property
+    def keepalive(self) -> bytes:
+        """While SearXNG works and the next round prefills (the stream has begun): a
+        chunk with an empty content delta, which agents' idle timers count (a comment
+        does not: proxy/progress.py)."""
+        return sse.emit({**self.head.fields, "object": "chat.completion.chunk", "choices": [
+            {"index": 0, "delta": {"content": ""}, "finish_reason": None}]})
 
     def __init__(self, body: dict, tool: dict, parts: dict, request):
         super().__init__(body, tool, parts, request)

@@ -353,6 +353,15 @@ class ResponsesAdapter(Adapter):
             b["tool_choice"] = "auto"
         return b
 
+    @property
+    def keepalive(self) -> bytes:
+        """While SearXNG works and the next round prefills (the stream has begun):
+        `response.in_progress`, which Codex's idle timer counts (a comment does not)."""
+        if self.head is None:
+            return super().keepalive
+        return self.emit({"type": "response.in_progress",
+                          "response": {**self.head, "output": []}})
+
     def emit(self, obj: dict) -> bytes:
         """obj (numbered in place) as the client stream's next event (the calls of
         flattened namespace tools in Codex's shape)."""

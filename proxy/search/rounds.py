@@ -141,7 +141,8 @@ def _stream(ad, first: requests.Response) -> Iterator[bytes]:
                 yield from _search(ad, turn)
                 # the next round's prefill (our results are new tokens): kept alive
                 resp = yield from waited(lambda: ad.call(stream=True),
-                                         ad.settings.KEEPALIVE_INTERVAL, ad.keepalive)
+                                         ad.settings.KEEPALIVE_INTERVAL,
+                                         lambda: ad.keepalive)
                 if resp.status_code != 200:
                     yield ad.fail_answer(resp.content, resp.status_code)
                     return

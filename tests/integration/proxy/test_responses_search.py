@@ -216,3 +216,19 @@ def test_stream_that_ends_early_fails(proxy, chat, searx):
     resp, events = ask(proxy, True)
     assert resp.status == "failed" and resp.error.code == "upstream_stream_truncated"
     assert "response.completed" not in [e.type for e in events]
+
+
+def test_a_slow_second_round_keeps_codex_fed(make_proxy, chat, searx):
+    """After the search the next round prefills (our results are new tokens): the
+    stream has begun, so it carries response.in_progress events (Codex's idle timer
+    counts them, not comments), numbered with the rest, under the one response id."""
+    proxy = make_proxy(KEEPALIVE_INTERVAL=0.2)
+    chat.script(Reply(tool_calls=[search("a")]), Reply(content="done [1]"))
+    chat.head_delays = [0.0, 1.2]
+    resp, events = ask(proxy, True)
+    assert resp.output_text == "done [1]"
+    names = [e.type for e in events]
+    after = names[names.index("response.web_search_call.completed"):]
+    assert after.count("response.in_progress") >= 3, names
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert {e.response.id for e in events if e.type.startswith("response.in")} == {resp.id}
