@@ -580,34 +580,43 @@ class Holding:
         self.url = self.srv.url
 
 
-@pytest.mark.parametrize("stray", [b"", b"\r\n"])
-def test_a_client_that_hangs_up_after_a_stray_crlf_is_seen_leaving(stray):
-    """Issue 28: a client that sent its request, then an empty line (RFC 9112 lets
-    clients send one between requests), then hung up was never seen leaving: the
-    one byte peeked was the CR, so the generation ran to its end."""
+@pytest.fixture(scope="module")
+def holding():
+    """A proxy in front of a backend that never answers (Holding)."""
     held = Holding()
     with ProxyProcess(BACKEND_URL=held.url, WEB_SEARCH=0, MODELS_TTL=0,
                       LOG_LEVEL="warning") as p:
-        host, port = p.url.rsplit("/", 1)[1].split(":")
-        body = json.dumps(chat_body()).encode()
-        s = socket.create_connection((host, int(port)))
-        s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                  f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-                  .encode() + body)
-        deadline = time.monotonic() + 10
-        while not held.asked and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert held.asked, "the request never reached the backend"
-        if stray:
-            s.sendall(stray)            # after the request was read: in the socket's buffer
-            time.sleep(0.2)
-        s.close()
-        while not held.cut and time.monotonic() < deadline + 10:
-            time.sleep(0.05)
-        assert held.cut, "the proxy never hung up on the backend"
-        assert held.cut[0][1] == b"", held.cut
-        assert held.cut[0][0] - held.asked[0] < 5, held.cut
+        yield p, held
     held.srv.close()
+
+
+@pytest.mark.parametrize("stray", [b"", b"\r\n"])
+def test_a_client_that_hangs_up_after_a_stray_crlf_is_seen_leaving(holding, stray):
+    """Issue 28: a client that sent its request, then an empty line (RFC 9112 lets
+    clients send one between requests), then hung up was never seen leaving: the
+    one byte peeked was the CR, so the generation ran to its end."""
+    p, held = holding
+    held.asked.clear()
+    held.cut.clear()
+    host, port = p.url.rsplit("/", 1)[1].split(":")
+    body = json.dumps(chat_body()).encode()
+    s = socket.create_connection((host, int(port)))
+    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+              .encode() + body)
+    deadline = time.monotonic() + 10
+    while not held.asked and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert held.asked, "the request never reached the backend"
+    if stray:
+        s.sendall(stray)            # after the request was read: in the socket's buffer
+        time.sleep(0.2)
+    s.close()
+    while not held.cut and time.monotonic() < deadline + 10:
+        time.sleep(0.05)
+    assert held.cut, "the proxy never hung up on the backend"
+    assert held.cut[0][1] == b"", held.cut
+    assert held.cut[0][0] - held.asked[0] < 5, held.cut
 
 
 def test_expect_100_continue_is_answered_here_and_never_sent_on(proxy, backend):
