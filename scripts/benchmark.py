@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as e:
         hint = ""
         if args.mode == "direct" and "cannot reach" in str(e):
-            hint = ("\n  --direct needs a resident backend: load one first (curl "
+            hint = ("\n  --direct needs a resident backend: load one first (curl -X POST "
                     f"localhost:{proxy_port}/load/MODEL) or run without --direct")
         print(f"benchmark.sh: {e}{hint}", file=sys.stderr)
         return 1
