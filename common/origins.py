@@ -122,7 +122,7 @@ class OriginGuard:
         host = environ.get("HTTP_HOST")
         target = environ.get("RAW_URI") or environ.get("REQUEST_URI") or ""
         if "://" in target and not target.startswith("/"):          # absolute-form
-            authority = urlsplit(target).netloc
+            authority = target.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0]
             if not self.host_allowed(host_name(authority)):
                 return 421, "misdirected_request", (
                     f"this server does not answer for {authority[:100]!r}: add the name to "

@@ -200,6 +200,10 @@ def test_an_absolute_form_targets_authority_is_its_host():
     assert seen == ["421 MISDIRECTED REQUEST"] and b"evil.example" in body
     env["RAW_URI"] = "http://127.0.0.1:11433//v1//models"
     assert b"".join(guard_(env, lambda *a: None)) == b"routed"
+    for bad in ("http://[::1/v1/models", "http://a@localhost/v1", "http:///v1"):
+        env["RAW_URI"], seen[:] = bad, []
+        b"".join(guard_(env, lambda status, headers, exc=None: seen.append(status)))
+        assert seen == ["421 MISDIRECTED REQUEST"], bad
 
 
 def test_host_name_parses_with_the_standard_library():
