@@ -24,6 +24,7 @@ from common import guard
 from common import metrics as common
 from common import sse
 
+from .progress import SENDING
 from .search.searxng import FAILURE_KINDS
 
 log = logging.getLogger("proxy.metrics")
@@ -147,7 +148,8 @@ class Metrics:
                        stream=(resp.mimetype or "") == "text/event-stream")
         if resp.is_streamed:
             is_sse = (resp.mimetype or "") == "text/event-stream"
-            resp.response = self._follow(resp.response, route, t0, answer, is_sse, rec)
+            resp.response = self._follow(resp.response, route, t0, answer, is_sse, rec,
+                                         request.environ)
             return resp
         # A whole answer is counted once it has gone (the response's close):
         # the bookkeeping, its usage parsed included, never delays it.
@@ -184,7 +186,7 @@ class Metrics:
         self._activity.record(rec)
 
     def _follow(self, inner: Iterable[bytes], route: str, t0: float, answer, is_sse: bool,
-                rec: dict | None = None) -> Iterator[bytes]:
+                rec: dict | None = None, environ: dict | None = None) -> Iterator[bytes]:
         first = True
         parser = sse.Parser() if answer is not None and is_sse else None
         body: list[bytes] | None = [] if answer is not None and not is_sse else None
@@ -199,7 +201,9 @@ class Metrics:
                     if first:
                         self._first_byte_of(route).observe(now - t0)
                         first = False
-                    if parser is not None:
+                    if environ is not None and environ.get(SENDING):
+                        pass                # a wait's progress (whole events): no token
+                    elif parser is not None:
                         if clean and answer.first_data is not None and chunk.endswith(b"\n\n") \
                                 and b'"usage"' not in chunk and b'"timings"' not in chunk:
                             # whole events with nothing to read: only the time counts

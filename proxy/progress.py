@@ -37,6 +37,8 @@ from common import sse
 
 # The signature of our progress thinking block (Messages): how strip() knows it.
 MARKER = "coding-stack-wait"
+# The request's environ key that is true while a piece of progress is being sent.
+SENDING = "proxy.progress.sending"
 # Comments that carry no words for the user (the proxy's keep-alive, the swapper's
 # queue-wait record for the activity list).
 _SILENT = ("keep-alive", "queue-wait")
@@ -190,13 +192,17 @@ _LIFECYCLE = re.compile(rb'"response\.(?:created|queued|in_progress|completed|fa
 WAITING = {"chat": _Chat, "messages": _Messages, "responses": _Responses}
 
 
-def kept_in_progress(dialect: str, body: dict, pieces: Iterable[bytes]) -> Iterator[bytes]:
+def kept_in_progress(dialect: str, body: dict, pieces: Iterable[bytes],
+                     environ: dict | None = None) -> Iterator[bytes]:
     """The client's stream (`pieces`, as the dialect's relay makes it), its comments
     before the first event with data made the dialect's progress (see above). A
-    stream whose first event comes with no comment before it passes untouched."""
+    stream whose first event comes with no comment before it passes untouched.
+    `environ[SENDING]` is true while the piece just handed on is progress only
+    (whole events): the metrics do not take it for the answer's first token."""
     it = iter(pieces)
     parser = sse.Parser()
     waiting = None
+    environ = environ if environ is not None else {}
     try:
         for piece in it:
             if not piece:
@@ -218,11 +224,15 @@ def kept_in_progress(dialect: str, body: dict, pieces: Iterable[bytes]) -> Itera
                     yield from it
                     return
                 if out:
+                    environ[SENDING] = True
                     yield b"".join(out)
+                environ[SENDING] = False
                 yield from waiting.then(rest, parser, it)
                 return
             if out:
+                environ[SENDING] = True
                 yield b"".join(out)
+                environ[SENDING] = False
         rest = parser.rest()
         if rest:
             yield rest

@@ -90,7 +90,7 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     if tool is not None:
         ad = d.adapter(body, tool, parts, request)
         ad.names = names
-        return _in_progress(d, body, rounds.serve(ad, stream), settings)
+        return _in_progress(d, body, rounds.serve(ad, stream), settings, request.environ)
 
     # nothing to change: the client's bytes, as they came
     headers, environ = forward_headers(request.headers), request.environ
@@ -112,22 +112,22 @@ def handle(d: Dialect, parts: dict, request) -> Response:
         # No head from the backend yet (llama-server sends it with the first
         # token, after the prefill): the stream starts now, kept alive.
         return _in_progress(d, body, sse_response(_late(m, task, body, environ, interval,
-                                                        names)), settings)
+                                                        names)), settings, environ)
     r = task.result()
     if r.status_code != 200:
         return error_answer(r)
     return _in_progress(d, body, relay(r, body=m.straight_stream(
         kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body, names)),
-        settings)
+        settings, environ)
 
 
-def _in_progress(d: Dialect, body: dict, resp: Response, settings) -> Response:
+def _in_progress(d: Dialect, body: dict, resp: Response, settings, environ) -> Response:
     """A stream that waits carries the dialect's progress, which the client's idle
     timer counts, until its first event (proxy/progress.py): the one place every
     streamed answer passes, whatever made it."""
     if settings.WAIT_PROGRESS and resp.status_code == 200 and resp.is_streamed and \
             resp.mimetype == "text/event-stream":
-        resp.response = progress.kept_in_progress(d.name, body, resp.response)
+        resp.response = progress.kept_in_progress(d.name, body, resp.response, environ)
     return resp
 
 

@@ -135,7 +135,11 @@ def test_streamed_dialects_count_their_usage(stack):
         "model": "tiny-b", "messages": HELLO, "max_tokens": 4, "stream": True}))
     start = next((e for e in msgs if e.get("type") == "message_start"), None)
     assert start is not None, msgs
-    start = start["message"]["usage"]
+    # the usage as the client sums it up: message_start's, updated by message_delta's
+    # (a stream that waited for the swap opens with the proxy's message_start, whose
+    # usage is 0; the backend's comes with the message_delta: proxy/progress.py)
+    start = {**start["message"]["usage"],
+             **[e["usage"] for e in msgs if e["type"] == "message_delta"][-1]}
     out = [e["usage"]["output_tokens"] for e in msgs if e["type"] == "message_delta"][-1]
     resp = _events(requests.post(proxy.url + "/v1/responses", stream=True, timeout=300, json={
         "model": "a", "input": "Say hello.", "max_output_tokens": 4, "stream": True}))

@@ -151,3 +151,17 @@ def test_a_prompt_answered_at_once_has_no_keepalive(stack, model):
     model.script(Reply(content="quick"))
     _, comments, raw = first_event(url, *BODIES["chat"])
     assert comments == 0 and raw.startswith(b"data:")
+
+
+@pytest.mark.parametrize("dialect", list(BODIES))
+def test_the_time_to_first_token_is_the_models_not_the_progress(stack, model, dialect):
+    """The progress events are not the answer's first token: the request's record
+    (/ui/activity, the TTFT histogram's source) says when the model's came."""
+    url, _ = stack
+    path, body = BODIES[dialect]
+    model.script(Reply(content="hello there"))
+    model.head_delays = [1.5]
+    _, comments, _ = first_event(url, path, body)
+    assert comments >= 2
+    rec = requests.get(url + "/ui/activity", timeout=10).json()["data"][-1]
+    assert rec["ttft"] >= 1.5, rec
