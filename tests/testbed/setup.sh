@@ -37,6 +37,8 @@ CLAUDE_CODE_VERSION="${CLAUDE_CODE_VERSION:-2.1.197}"
 CODEX_VERSION="${CODEX_VERSION:-0.171.0}"
 # Qwen Code needs node >= 22: npm's `node` package brings one into the same folder.
 QWEN_CODE_VERSION="${QWEN_CODE_VERSION:-0.24.4}"
+OPENCODE_VERSION="${OPENCODE_VERSION:-1.18.33}"
+CONTINUE_CLI_VERSION="${CONTINUE_CLI_VERSION:-1.5.47}"
 # The router's packages (LiteLLM pinned, prisma): the same file as its image's.
 LITELLM_REQUIREMENTS="$repo/deploy/fleet/requirements.txt"
 
@@ -217,6 +219,17 @@ step_qwen_code() {
   rm -rf "$d" && mv "$d.tmp" "$d"
 }
 
+step_chat_agents() {
+  local d="$cache/agents-chat-$OPENCODE_VERSION-$CONTINUE_CLI_VERSION"
+  if [ -x "$d/node_modules/.bin/opencode" ] && [ -x "$d/node_modules/.bin/cn" ]; then return; fi
+  command -v npm >/dev/null || { log "npm missing: no OpenCode, no Continue CLI"; return; }
+  log "installing OpenCode $OPENCODE_VERSION and the Continue CLI $CONTINUE_CLI_VERSION (npm)"
+  rm -rf "$d.tmp" && mkdir -p "$d.tmp"
+  (cd "$d.tmp" && npm install -q --no-audit --no-fund \
+    "opencode-ai@$OPENCODE_VERSION" "@continuedev/cli@$CONTINUE_CLI_VERSION" >&2)
+  rm -rf "$d" && mv "$d.tmp" "$d"
+}
+
 # LiteLLM's proxy, pinned, in a venv of its own (never the test venv: its pins are
 # not ours): the router of the fleet tests (tests/integration/test_fleet.py). The venv
 # is named by the requirements' contents: a changed pin installs a new one.
@@ -259,6 +272,7 @@ main() {
   step_venv
   step_agents
   step_qwen_code
+  step_chat_agents
   step_litellm
   step_base_image
   wait "$llama_pid"
