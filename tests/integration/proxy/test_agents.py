@@ -488,3 +488,64 @@ def test_qwen_code_through_a_prefill_longer_than_its_idle_timer(waits, tmp_path,
     first = model.requests[0]
     names = [t["function"]["name"] for t in first["tools"]]
     assert "run_shell_command" in names and names[-1] == "web_search"
+
+
+def chat_agent(name: str) -> str:
+    """OpenCode's or the Continue CLI's binary (tests/testbed/setup.sh step_chat_agents)."""
+    cache = os.environ.get("CODING_STACK_CACHE", "/var/cache/coding-stack")
+    for d in sorted(glob.glob(os.path.join(cache, "agents-chat-*", "node_modules", ".bin"))):
+        if os.access(os.path.join(d, name), os.X_OK):
+            return os.path.join(d, name)
+    pytest.fail(f"{name} is not installed (tests/testbed/setup.sh step_chat_agents)")
+
+
+def test_opencode_with_the_readme_setup(waits, tmp_path):
+    """OpenCode 1.18.33 with the README's opencode.json (the model pinned, its limit):
+    its shell call runs through the Qwen3.5 template, every request streamed, one per
+    turn, the first through a 2 s wait (the stack's progress chunks)."""
+    make, model, rendering, _ = waits
+    url = make(True)
+    model.head_delays = [2.0]
+    (tmp_path / "opencode.json").write_text(json.dumps({
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {"coding-stack": {
+            "npm": "@ai-sdk/openai-compatible", "name": "coding-stack",
+            "options": {"baseURL": url + "/v1", "apiKey": "none"},
+            "models": {"scripted-model": {"name": "scripted-model",
+                                          "limit": {"context": 32768, "output": 4096}}}}},
+        "model": "coding-stack/scripted-model", "small_model": "coding-stack/scripted-model"}))
+    p = run([chat_agent("opencode"), "run", SHELL_PROMPT], tmp_path, {})
+    assert "DONE: hello" in p.stdout, p.stdout + p.stderr[-2000:]
+    assert rendering.refused == []
+    assert tool_results(model), "the shell call ran and its output came back"
+    assert model.arrivals == len(model.requests), "no request sent twice"
+    assert all(b.get("stream") for b in model.requests)
+    assert {b.get("max_tokens") for b in model.requests} == {4096}, "limit.output, as sent"
+
+
+def test_continue_cli_with_the_readme_setup(waits, tmp_path):
+    """The Continue CLI 1.5.47 with the README's config (name, version: it refuses one
+    without): its shell call runs through the Qwen3.5 template, one request per turn,
+    the first through a 2 s wait."""
+    make, model, rendering, _ = waits
+    url = make(True)
+    model.head_delays = [2.0]
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"""name: coding-stack
+version: 1.0.0
+schema: v1
+models:
+  - name: local
+    provider: openai
+    model: scripted-model
+    apiBase: {url}/v1
+    apiKey: none
+    roles: [chat, edit, apply]
+""")
+    p = run([chat_agent("cn"), "-p", SHELL_PROMPT, "--config", str(cfg), "--auto"],
+            tmp_path, {})
+    assert "DONE: hello" in p.stdout, p.stdout + p.stderr[-2000:]
+    assert rendering.refused == []
+    assert tool_results(model), "the shell call ran and its output came back"
+    assert model.arrivals == len(model.requests) == 2, "one request per turn"
+    assert all(b.get("stream") for b in model.requests)
