@@ -11,6 +11,7 @@ const SHOWN_ACTIVITY = 50;
 const MAX_LOG_LINES = 1000;
 const MAX_SAMPLES = 300;       // one per POLL_MS: 10 minutes
 const POLL_MS = 2000;
+const CALL_MS = 10000;         // a poll's call that has not answered by then is given up
 const MODELS_EVERY_MS = 10000;
 const STALE_MS = 45000;        // no byte on /events for this long: reconnect
 const TPS_WINDOW_S = 10;
@@ -35,7 +36,11 @@ const S = {
   pollGen: 0,             // bumped by stopAll: an older poll chain ends
   refreshTimer: null,
   modelsAt: 0,
+  callMs: CALL_MS,        // (a test shortens it)
 };
+
+// A poll's calls end: one that hangs must not hold the one poll chain forever.
+const bounded = () => ({ signal: AbortSignal.timeout(S.callMs) });
 
 class AuthError extends Error {}
 
@@ -227,14 +232,14 @@ function refreshSoon() {
 }
 
 async function refreshModels() {
-  const body = await apiJson("/v1/models");
+  const body = await apiJson("/v1/models", bounded());
   S.modelsAt = Date.now();
   S.models = (body && body.data) || [];
   for (const mdl of S.models) if (mdl.status) S.status[mdl.id] = mdl.status;
 }
 
 async function refreshRunning() {
-  S.running = await apiJson("/running");
+  S.running = await apiJson("/running", bounded());
   S.runningAt = Date.now();
   followLogOf(S.running);
 }
@@ -242,7 +247,7 @@ async function refreshRunning() {
 // Entries are keyed by their sequence number: one that is already listed (an answer
 // that raced another) is never appended again.
 async function refreshActivity() {
-  const body = await apiJson("/ui/activity?since=" + S.seq);
+  const body = await apiJson("/ui/activity?since=" + S.seq, bounded());
   if (body.newest < S.seq) {          // the proxy restarted: start over
     S.seq = 0; S.activity = [];
     return refreshActivity();
@@ -254,7 +259,7 @@ async function refreshActivity() {
 async function refreshHealth() {
   const h = $("health");
   try {
-    const r = await fetch("/healthz", { cache: "no-store", credentials: "omit" });
+    const r = await fetch("/healthz", { cache: "no-store", credentials: "omit", ...bounded() });
     const body = await r.json();
     const up = body.upstream || {};
     if (up.status === "unreachable") {
@@ -337,7 +342,7 @@ async function followLog(state) {
           buf += text;
           const lines = buf.split("\n");
           buf = lines.pop();
-          for (const l of lines) logLine(l.replace(/\r$/, ""));
+          logLines(lines.map((l) => l.replace(/\r$/, "")));
           if (buf.length > 65536) { logLine(buf); buf = ""; }
           backoff = 1000;
         }
@@ -356,13 +361,20 @@ async function followLog(state) {
   }
 }
 
-function logLine(text) {
+// A chunk of lines at once: one layout read, one append, one trim (a line at a time,
+// each reading the scroll position, froze the page for seconds on a burst of lines).
+function logLines(texts) {
+  if (!texts.length) return;
   const pre = $("log");
   const stick = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-  pre.appendChild(document.createTextNode(text + "\n"));
-  while (pre.childNodes.length > MAX_LOG_LINES) pre.removeChild(pre.firstChild);
+  const frag = document.createDocumentFragment();
+  for (const t of texts.slice(-MAX_LOG_LINES)) frag.appendChild(document.createTextNode(t + "\n"));
+  pre.appendChild(frag);
+  for (let extra = pre.childNodes.length - MAX_LOG_LINES; extra > 0; extra--) pre.removeChild(pre.firstChild);
   if (stick) pre.scrollTop = pre.scrollHeight;
 }
+
+function logLine(text) { logLines([text]); }
 
 // ------------------------------------------------------------------ actions
 // A button stays focusable (and focused) through its action: aria-disabled while it

@@ -708,3 +708,35 @@ def test_every_request_listed_once_over_a_slow_link(page, proxy, tmp_path):
     rows = page.eval_on_selector_all("#activity tbody tr", "rs => rs.map((r) => +r.dataset.seq)")
     assert rows == sorted(set(rows), reverse=True) == listed[::-1][:50], rows
     page.screenshot(path=str(tmp_path / "slow-link.png"), full_page=True)
+
+
+def test_a_call_that_hangs_does_not_stop_the_polls(page, proxy):
+    """One poll at a time: a call of a poll that never answers (here /running, held
+    by the stub) is given up after S.callMs (10 s; 1 s here), so polling goes on:
+    a request listed after the hang still appears."""
+    models = {"object": "list", "data": [{"id": "m", "aliases": [], "kind": "llamacpp",
+                                          "gpus": [], "status": {"value": "unloaded"}}]}
+    running = {"model": None, "state": "idle", "in_flight": 0, "queued": 0, "epoch": 1,
+               "downloads": {}}
+    rec = {"time": 1_700_000_000, "dialect": "chat", "model": "m", "status": 200, "seconds": 0.1}
+    activity = [{"seq": 1, **rec}]
+    stub(page, models, sse_of({"event": "state", "time": 1.0, "models": {}}), running,
+         activity, {})
+    hang = threading.Event()
+    held = []
+
+    def running_or_hang(route):
+        if hang.is_set():
+            held.append(route)            # never answered
+            return
+        route.fulfill(json=running)
+    page.route("**/running", running_or_hang)
+    page.goto(proxy.url + "/ui")
+    page.wait_for_selector('#activity tbody tr[data-seq="1"]', timeout=10_000)
+    page.evaluate("() => { S.callMs = 1000; }")
+    hang.set()
+    page.wait_for_timeout(2500)                          # a poll is stuck on /running
+    assert held
+    activity.append({"seq": 2, **rec})
+    page.wait_for_selector('#activity tbody tr[data-seq="2"]', timeout=8_000)
+    assert page.evaluate("() => S.activity.map((e) => e.seq)") == [1, 2]
