@@ -114,3 +114,39 @@ def test_two_downloads_never_fill_a_small_disk(tmp_path, docker_client):
         assert list(disk.rglob("*.part")) == [] and list(disk.rglob("*.part.json")) == []
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_file_changed_upstream_between_two_attempts_is_fetched_whole(tmp_path, docker_client):
+    """Issue 28: a resumed download sent Range against the moving `main` with no
+    If-Range: a file changed upstream between two attempts was stitched from two
+    versions (the size still right) and then loaded. Through the real swapper:
+    the first attempt is cut at 30 MB, a new version is published (a MB of its
+    tensor data changed, before the cut: llama-server still loads it), the next
+    request gets it whole (resumed, it would keep the old MB)."""
+    import hashlib
+    models = tmp_path / "models"
+    models.mkdir()
+    models.chmod(0o755)
+    tmp_path.chmod(0o755)
+    gguf, manifest = tiny_a_from_hub(tmp_path)
+    v1 = gguf.read_bytes()
+    at, n = 10 << 20, 1 << 20                                   # tensor data, before the cut
+    v2 = v1[:at] + bytes(b ^ 0x01 for b in v1[at:at + n]) + v1[at + n:]
+    key = f"{TINY_REPO}/{gguf.name}"
+    body = {"model": "tiny-a", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    with FakeHub({key: v1}, rate=80e6) as hub, \
+            SwapperProcess(TESTBED_MODELS_DIR=str(models), MODELS_DIR=str(models),
+                           MODELS_MANIFEST=str(manifest), HF_ENDPOINT=hub.url) as sw:
+        hub.reset_after = 30 << 20
+        r = requests.post(sw.url + "/v1/chat/completions", json=body, timeout=300)
+        assert r.status_code == 502 and "download failed" in r.text, r.text[:300]
+        assert (models / (gguf.name + ".part")).stat().st_size >= 30 << 20
+        hub.reset_after = None
+        hub.replace(key, v2)                                    # a new version upstream
+        r = requests.post(sw.url + "/v1/chat/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text[:300]
+        got = hashlib.sha256((models / gguf.name).read_bytes()).hexdigest()
+        assert got == hashlib.sha256(v2).hexdigest(), "stitched from two versions"
+        method, path, rng = [q for q in hub.requests if q[0] == "GET"][-1]
+        assert rng is None and f"/resolve/{FakeHub.commit(v2)}/" in path
+        requests.post(sw.url + "/unload", timeout=120)
