@@ -318,3 +318,29 @@ def test_a_disk_that_fills_mid_file_loses_the_partial_file(tmp_path, hub, chat, 
         assert list(models.rglob("*.part*")) == []        # nothing left filling the disk
     finally:
         subprocess.run(["umount", "-l", str(models)], check=False)
+
+
+def test_the_hubs_own_headers_are_read_on_its_redirect(hub):
+    """The Hub puts X-Repo-Commit, X-Linked-Etag (an LFS file's sha256) and
+    X-Linked-Size on its redirect to the CDN, whose own ETag is another thing:
+    they are read there, not after the redirect is followed; the GET then goes
+    where the redirect points, at the commit."""
+    from swapper.download import load_models_module
+    from tests.support.servers import Scripted
+    from tests.support.swapperproc import REPO
+    m = load_models_module(REPO / "scripts" / "models.py")
+    sha, commit = FakeHub.sha256(DATA), FakeHub.commit(DATA)
+    cdn = f"{hub.url}/org/tiny-GGUF/resolve/main/tiny-a.gguf"
+    redirect = (b"HTTP/1.1 302 Found\r\nLocation: %s\r\nX-Repo-Commit: %s\r\n"
+                b"X-Linked-Etag: \"%s\"\r\nX-Linked-Size: %d\r\nETag: \"cdn-etag\"\r\n"
+                b"Content-Length: 0\r\n\r\n" % (cdn.encode(), commit.encode(), sha.encode(),
+                                                len(DATA)))
+    srv = Scripted(redirect)
+    try:
+        info = m.remote_info(f"{srv.url}/org/tiny-GGUF/resolve/main/tiny-a.gguf",
+                             "org/tiny-GGUF", "tiny-a.gguf", {})
+    finally:
+        srv.close()
+    assert (info.size, info.etag, info.commit, info.sha256) == (len(DATA), sha, commit, sha)
+    assert srv.heads[0].startswith(b"HEAD ") and len(srv.heads) == 1    # not followed
+    assert not [r for r in hub.requests if r[0] == "HEAD"]
