@@ -13,7 +13,8 @@ progress:
   (`{"choices": [{"index": 0, "delta": {"content": ""}}]}`): Qwen Code, OpenCode,
   Continue and Aider accept them and their timers count them; the answer's text is
   unchanged.
-- Anthropic Messages: `message_start`, then a `thinking` block (index 0) whose deltas
+- Anthropic Messages (a client that takes thinking blocks: `wanted`): `message_start`,
+  then a `thinking` block (index 0) whose deltas
   say what the request waits for. Claude Code's idle timer counts every event but
   `ping` (its stream watchdog). When the backend's first event comes, the block ends
   with the signature MARKER, the backend's `message_start` is left out (its usage goes
@@ -190,6 +191,23 @@ _LIFECYCLE = re.compile(rb'"response\.(?:created|queued|in_progress|completed|fa
 
 
 WAITING = {"chat": _Chat, "messages": _Messages, "responses": _Responses}
+
+
+def wanted(dialect: str, body: dict, environ: dict) -> bool:
+    """Whether this request's client gets progress events. Messages: only a client
+    that takes thinking blocks -- one that asked for thinking (Claude Code sends
+    `thinking: {"type": "adaptive"}`), or Claude Code itself (its session header, its
+    user agent: its small calls ask for no thinking) -- since a thinking block first
+    would surprise a program that reads `content[0].text`; other Messages clients
+    get the comments only, as before. Chat and Responses: every client (their
+    progress events carry no content)."""
+    if dialect != "messages":
+        return True
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
+        return True
+    return bool(environ.get("HTTP_X_CLAUDE_CODE_SESSION_ID")) or \
+        str(environ.get("HTTP_USER_AGENT", "")).startswith("claude-cli/")
 
 
 def kept_in_progress(dialect: str, body: dict, pieces: Iterable[bytes],

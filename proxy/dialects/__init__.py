@@ -126,7 +126,7 @@ def _in_progress(d: Dialect, body: dict, resp: Response, settings, environ) -> R
     timer counts, until its first event (proxy/progress.py): the one place every
     streamed answer passes, whatever made it."""
     if settings.WAIT_PROGRESS and resp.status_code == 200 and resp.is_streamed and \
-            resp.mimetype == "text/event-stream":
+            resp.mimetype == "text/event-stream" and progress.wanted(d.name, body, environ):
         resp.response = progress.kept_in_progress(d.name, body, resp.response, environ)
     return resp
 

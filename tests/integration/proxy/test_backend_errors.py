@@ -24,7 +24,8 @@ from tests.support.sseclient import named_events
 USER = [{"role": "user", "content": "hello"}]
 BODIES = {
     "chat": ("/v1/chat/completions", {"model": "m", "messages": USER}),
-    "messages": ("/v1/messages", {"model": "m", "max_tokens": 64, "messages": USER}),
+    "messages": ("/v1/messages", {"model": "m", "max_tokens": 64, "messages": USER,
+                                  "thinking": {"type": "adaptive"}}),
     "responses": ("/v1/responses", {"model": "m", "input": "hello"}),
 }
 PROGRESS = ("message_start", "content_block_start", "content_block_delta", "content_block_stop",

@@ -31,8 +31,9 @@ INTERVAL = 0.5
 USER = [{"role": "user", "content": "hello"}]
 BODIES = {
     "chat": ("/v1/chat/completions", {"model": "m", "messages": USER, "stream": True}),
+    # as Claude Code asks (a client that takes thinking blocks: proxy/progress.wanted)
     "messages": ("/v1/messages", {"model": "m", "max_tokens": 64, "messages": USER,
-                                  "stream": True}),
+                                  "stream": True, "thinking": {"type": "adaptive"}}),
     "responses": ("/v1/responses", {"model": "m", "input": "hello", "stream": True}),
 }
 
@@ -98,7 +99,8 @@ def read_whole(url: str, dialect: str, search: bool):
     if dialect == "messages":
         c = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
         kw = {"tools": [SEARCH_TOOL["messages"]]} if search else {}
-        with c.messages.stream(model="m", max_tokens=64, messages=USER, **kw) as s:
+        with c.messages.stream(model="m", max_tokens=64, messages=USER,
+                               extra_body={"thinking": {"type": "adaptive"}}, **kw) as s:
             msg = s.get_final_message()
         return msg
     c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
@@ -165,3 +167,19 @@ def test_the_time_to_first_token_is_the_models_not_the_progress(stack, model, di
     assert comments >= 2
     rec = requests.get(url + "/ui/activity", timeout=10).json()["data"][-1]
     assert rec["ttft"] >= 1.5, rec
+
+
+def test_a_messages_client_that_takes_no_thinking_gets_comments_only(stack, model):
+    """A Messages client that did not ask for thinking (and is not Claude Code) gets no
+    thinking block it would not expect first: the wait is comments, as before."""
+    url, search = stack
+    path, body = BODIES["messages"]
+    body = {k: v for k, v in body.items() if k != "thinking"}
+    model.script(Reply(content="hello there"))
+    model.head_delays = [1.5]
+    _, comments, raw = first_event(url, path, body)
+    assert comments >= 2
+    kinds = [e["type"] for e in events(raw)]
+    assert kinds.count("message_start") == 1 and b"thinking" not in raw
+    starts = [e for e in events(raw) if e["type"] == "content_block_start"]
+    assert starts[0]["index"] == 0 and starts[0]["content_block"]["type"] == "text"

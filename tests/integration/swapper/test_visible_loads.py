@@ -89,7 +89,8 @@ def test_the_anthropic_sdk_reads_a_messages_stream_that_waited(stack, via):
     client = anthropic.Anthropic(base_url=(sw if via == "swapper" else px).url, api_key="x",
                                  max_retries=0, timeout=120)
     with client.messages.stream(model="slow-start", max_tokens=16,
-                                messages=[{"role": "user", "content": "Hi"}]) as s:
+                                messages=[{"role": "user", "content": "Hi"}],
+                                extra_body={"thinking": {"type": "adaptive"}}) as s:
         final = s.get_final_message()
     assert final.content[-1].text == "Slow but sure."
     if via == "proxy":
