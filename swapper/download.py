@@ -29,7 +29,7 @@ the file is checked against the Hub's sha256 (an LFS file's ETag) as it arrives.
 A download runs to its end once started, also when the requests that asked for
 it leave (intended: the next request finds the model there; a download is
 resumable and costs no GPU); only a request the proxy let through (a user's,
-never a cross-site page's: proxy/origins) starts one.
+never a cross-site page's: common/origins.py) starts one.
 
 Why not huggingface_hub's hf_hub_download (measured, 2.4.0, against the test
 bed's stand-in Hub with the connection cut half-way): a failed attempt deletes
