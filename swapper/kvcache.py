@@ -116,8 +116,7 @@ def backend_ids(user: str | None) -> tuple[int | None, int | None]:
             gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
         except KeyError:
             pass
-    elif gid is None:
-        gid = uid
+    # "uid" alone: Docker gives it the image's group for that uid, else 0: unknown here
     return uid, gid
 
 
@@ -129,7 +128,9 @@ def share_with_backend(folder: Path, user: str | None) -> None:
     drop adds BACKEND_USER's group); it says so when it is not."""
     uid, gid = backend_ids(user)
     mode = 0o700
-    if gid is not None and gid != os.getegid():
+    if gid is None and uid is not None and os.geteuid() == 0:
+        os.chown(folder, uid, -1)           # its group unknown: the backend's own folder
+    elif gid is not None and gid != os.getegid():
         try:
             os.chown(folder, -1, gid)
             mode = 0o2770

@@ -357,6 +357,11 @@ def test_the_backend_gets_its_folder_and_the_save_path(tmp_path):
     assert st.st_gid == 65534
     DockerRuntime(s, SimpleNamespace(models={}))._create_args(spec("c"), "n")   # image's user
     assert os.stat(tmp_path / "c").st_mode & 0o7777 == 0o700
+    # a uid alone (its group is the image's business): the backend's own folder
+    DockerRuntime(s, SimpleNamespace(models={}))._create_args(
+        dataclasses.replace(spec("d"), user="4242"), "n")
+    st = os.stat(tmp_path / "d")
+    assert st.st_mode & 0o7777 == 0o700 and st.st_uid == 4242
     named = Settings(KV_CACHE_DIR=str(tmp_path), KV_CACHE_VOLUME="st-kvcache")
     args = DockerRuntime(named, SimpleNamespace(models={}))._create_args(spec("a"), "n")
     assert args["volumes"][-1] == "st-kvcache:/kvcache"
