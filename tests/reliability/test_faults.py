@@ -245,7 +245,8 @@ def test_least_privilege_swapper_drops_root_keeping_the_socket_group(tmp_path):
     pid = os.fork()
     if pid == 0:                                        # the child: drop, report, exit
         try:
-            drop_privileges("nobody", f"unix://{sock}", writes=(str(fresh), str(theirs)))
+            drop_privileges("nobody", f"unix://{sock}", writes=(str(fresh), str(theirs)),
+                            groups_too=(5151,))         # the backends' (KV folders)
             os.write(w, json.dumps([os.getuid(), os.geteuid(), os.getgid(),
                                     sorted(os.getgroups())]).encode())
         finally:
@@ -257,3 +258,4 @@ def test_least_privilege_swapper_drops_root_keeping_the_socket_group(tmp_path):
     assert 4242 in got[3] and 0 not in got[3]
     assert fresh.stat().st_uid == 65534                # Docker's empty folder: now ours
     assert 4343 in got[3] and theirs.stat().st_uid == 1234   # theirs: by its group
+    assert 5151 in got[3]                               # the backends' group, kept
