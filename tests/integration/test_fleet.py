@@ -509,11 +509,19 @@ def test_chat_with_the_injected_search_and_n_through_the_router(fleet):
     fleet.model_c.requests.clear()
     fleet.model_c.script(Reply(tool_calls=[search(QUERY)]),
                          Reply(content="Flask 3.1 adds partitioned cookies [1]."))
-    r = chat(fleet.url, "scripted-model", max_tokens=64,
-             messages=[{"role": "user", "content": "What changed in Flask 3.1?"}])
+    # these two replies, not the searching responder (which answers chat too since
+    # cab86dc); a budget at the stack's TOOL_MAX_TOKENS_FLOOR (1024): below it the
+    # stack injects no web_search (the client's budget is the client's, 449def7)
+    fleet.model_c.responder = None
+    try:
+        r = chat(fleet.url, "scripted-model", max_tokens=1024,
+                 messages=[{"role": "user", "content": "What changed in Flask 3.1?"}])
+    finally:
+        fleet.model_c.responder = searching_model
     assert r.status_code == 200, r.text
     answer = r.json()["choices"][0]["message"]["content"]
-    assert answer.startswith("Flask 3.1 adds partitioned cookies [1].")
+    assert answer.startswith("Flask 3.1 adds partitioned cookies [1]."), (
+        answer, [{k: v for k, v in q.items() if k != "messages"} for q in fleet.model_c.requests])
     assert "https://example.com/flask-3-1-changelog/0" in answer               # the stack's sources
     first, second = fleet.model_c.requests[-2:]
     assert "web_search" in json.dumps(first.get("tools") or [])           # injected by the stack
