@@ -5,11 +5,12 @@ LiteLLM loads this module from its config (`litellm_settings.callbacks:
 whose `async_filter_deployments` hook (LiteLLM's pre-call deployment filter; it runs
 after LiteLLM's own cooldown filter, before its routing strategy) narrows a model
 group to the one deployment we choose. Everything else stays LiteLLM's: retries,
-cooldowns of failing deployments, fallbacks, keys, budgets.
+cooldowns of failing deployments, fallbacks. It also checks the router's key
+(`fleet_auth`, LiteLLM's `general_settings.custom_auth`): the master key or a 401.
 
 Two parts, each testable alone:
 - `choose()`: a pure function: the stacks that declare the model, their status, the
-  session's previous stack -> the stack to use.
+  session's previous stack for that model -> the stack to use.
 - `StatusPoller`: a thread reading each stack's `/healthz` and `/v1/models` (never a
   completion: nothing it does can start a load).
 
