@@ -262,8 +262,9 @@ class ChatAdapter(Adapter):
             ev = sse.parse_event(raw)
             if ev is None:
                 continue
-            if ev.data is None:
-                out.append(raw)              # a comment (the swapper's progress): pass it on
+            if ev.data is None:              # a comment (the swapper's progress): pass it on,
+                # in a later round (the stream has begun) with a chunk timers count
+                out.append(raw if rnd.first_round else raw + self.keepalive)
                 continue
             if ev.is_done:
                 return True

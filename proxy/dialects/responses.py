@@ -463,8 +463,9 @@ class ResponsesAdapter(Adapter):
         for batch in sse.json_batches(self.body_of(resp)):
             sent = []                     # what this read makes: one write
             for name, obj in batch:
-                if name == ":":          # a comment: keeps the client's wait alive
-                    sent.append(obj)
+                if name == ":":          # a comment: keeps the client's wait alive,
+                    # in a later round (the stream has begun) with an event Codex counts
+                    sent.append(obj if first else obj + self.keepalive)
                     continue
                 t = obj.get("type") or name or ""
                 if t in ("response.created", "response.in_progress"):

@@ -84,6 +84,7 @@ class ScriptedDialects(ScriptedChat):
         # per model request, in order of arrival, its head delay (instead of head_delay
         # while entries are left): the first turn's long prefill, say
         self.head_delays: list[float] = []
+        self.event_delays: list[float] = []     # likewise, per streamed answer, event_delay
         self.arrivals = 0               # model requests that arrived (before any delay)
         # per model request, in order: (prompt tokens, of which reused from the cache),
         # reported as llama-server does in each dialect (Messages: input_tokens are the
@@ -152,8 +153,12 @@ class ScriptedDialects(ScriptedChat):
 
         @app.after_request
         def late_first_event(resp):
-            if self.event_delay and resp.mimetype == "text/event-stream":
-                resp.response = self._delayed(resp.response, self.event_delay)
+            if resp.mimetype != "text/event-stream":
+                return resp
+            with self._lock:
+                delay = self.event_delays.pop(0) if self.event_delays else self.event_delay
+            if delay:
+                resp.response = self._delayed(resp.response, delay)
             return resp
 
         @app.post("/v1/messages")

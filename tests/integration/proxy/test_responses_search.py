@@ -218,13 +218,18 @@ def test_stream_that_ends_early_fails(proxy, chat, searx):
     assert "response.completed" not in [e.type for e in events]
 
 
-def test_a_slow_second_round_keeps_codex_fed(make_proxy, chat, searx):
-    """After the search the next round prefills (our results are new tokens): the
-    stream has begun, so it carries response.in_progress events (Codex's idle timer
-    counts them, not comments), numbered with the rest, under the one response id."""
+@pytest.mark.parametrize("where", ["no-head", "head-only"])
+def test_a_slow_second_round_keeps_codex_fed(make_proxy, chat, searx, where):
+    """After the search the next round prefills (our results are new tokens), before
+    its head or after it: the stream has begun, so it carries response.in_progress
+    events (Codex's idle timer counts them, not comments), numbered with the rest,
+    under the one response id."""
     proxy = make_proxy(KEEPALIVE_INTERVAL=0.2)
     chat.script(Reply(tool_calls=[search("a")]), Reply(content="done [1]"))
-    chat.head_delays = [0.0, 1.2]
+    if where == "no-head":
+        chat.head_delays = [0.0, 1.2]
+    else:
+        chat.event_delays = [0.0, 1.2]  # the second round's first event
     resp, events = ask(proxy, True)
     assert resp.output_text == "done [1]"
     names = [e.type for e in events]

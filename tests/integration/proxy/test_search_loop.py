@@ -297,3 +297,21 @@ def test_an_answer_without_searches_leaves_as_the_backend_sent_it(proxy, chat, s
     body = r.json()
     assert body["choices"][0]["message"]["content"].startswith("café [1]\n\nSources:")
     assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}
+
+
+def test_a_slow_second_round_keeps_chat_agents_fed(make_proxy, searx):
+    """The next round's prefill after a search, its head sent at once (llama-server
+    sends it when the prefill starts): the stream has begun, so its wait carries
+    chunks with an empty content delta (Qwen Code's timer ignores comments)."""
+    from tests.support.dialects import ScriptedDialects
+    from tests.support.sseclient import read_stream
+    with ScriptedDialects() as model:
+        proxy = make_proxy(BACKEND_URL=model.url, KEEPALIVE_INTERVAL=0.2)
+        model.script(Reply(tool_calls=[search("a")]), Reply(content="done [1]"))
+        model.event_delays = [0.0, 1.2]         # the second round's first event
+        s = read_stream(requests.post(proxy + "/v1/chat/completions", stream=True, json={
+            "messages": USER, "stream": True}))
+    empty = [c for c in s.chunks if c["choices"] and c["choices"][0]["delta"] == {"content": ""}]
+    assert len(empty) >= 4, s.chunks
+    assert s.text().startswith("done [1]") and s.done == 1
+    assert len({c.get("id") for c in s.chunks if c.get("id")}) == 1
