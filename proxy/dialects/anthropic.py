@@ -25,6 +25,7 @@ from common.failures import message_of
 from ..search import engine
 from ..search.engine import Search, Turn, cited, new_id
 
+from .. import progress
 from .base import TOOL_NAME, Adapter, event, parse_json_object, put_system, server_search
 
 SERVER_TOOL_TYPES = ("web_search_20250305", "web_search_20260209")
@@ -243,10 +244,44 @@ def _joined(block: dict, key: str) -> str:
 
 # ================================================================= the adapter
 
+PING = event("ping", {"type": "ping"})
+
+
 class MessagesAdapter(Adapter):
     path = PATH
     call_prefix = "srvtoolu_"
-    keepalive = event("ping", {"type": "ping"})
+
+    @property
+    def keepalive(self) -> bytes:
+        """`ping`, but in a later round's wait (its prefill reads our search results,
+        after the stream has begun) for a client that takes thinking blocks: a thinking
+        block (at the client's next index) whose deltas Claude Code's idle timer counts
+        (not pings); closed, signed progress.MARKER, when the round's events come, and
+        taken out of the history the client sends back (progress.strip)."""
+        if not (self.streaming and self.started and self.searcher.rounds) or \
+                self.in_search or not progress.wanted("messages", self.body, self.environ):
+            return PING
+        delta = event("content_block_delta", {
+            "type": "content_block_delta", "index": self.nxt,
+            "delta": {"type": "thinking_delta",
+                      "thinking": "" if self.paused else "reading the search results\n"}})
+        if self.paused:
+            return delta
+        self.paused = True
+        return event("content_block_start", {
+            "type": "content_block_start", "index": self.nxt,
+            "content_block": {"type": "thinking", "thinking": "", "signature": ""}}) + delta
+
+    def _resume(self) -> bytes:
+        """Our progress block of a later round's wait closed, its index taken."""
+        if not self.paused:
+            return b""
+        self.paused = False
+        i, self.nxt = self.nxt, self.nxt + 1
+        return event("content_block_delta", {
+            "type": "content_block_delta", "index": i,
+            "delta": {"type": "signature_delta", "signature": progress.MARKER}}) + \
+            event("content_block_stop", {"type": "content_block_stop", "index": i})
 
     def __init__(self, body: dict, tool: dict, parts: dict, request):
         super().__init__(body, tool, parts, request)
@@ -266,6 +301,8 @@ class MessagesAdapter(Adapter):
         self.stop: dict = {}                # stream: the round's message_delta
         self.inp = self.out = 0             # the last round's input, every round's output
         self.cache: dict = {}               # the last round's cache_*_input_tokens
+        self.in_search = False              # stream: our searches run (their blocks open)
+        self.paused = False                 # stream: our progress block open at nxt
 
     def round_body(self, stream: bool) -> dict:
         b = dict(self.body)                 # the client's key order: a stable prompt
@@ -295,11 +332,13 @@ class MessagesAdapter(Adapter):
         use, result... as Anthropic's API sends them), then a ping."""
         if not self.streaming:
             return b""
+        self.in_search = True
         return _block(self.nxt, server_tool_use(Search(calls[0], calls[0].query, ""))) + \
             self.keepalive
 
     def searched(self, turn: Turn, searches: list[Search]) -> bytes:
         """The round as the backend sees it next time: its turn, then our tool results."""
+        self.in_search = False
         self.messages = self.messages + [
             {"role": "assistant", "content": self.blocks},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": s.call.id,
@@ -387,8 +426,10 @@ class MessagesAdapter(Adapter):
             sent = []                       # what this read makes: one write
             for name, obj in batch:
                 if name == ":":             # a comment: keeps the client's wait alive
-                    sent.append(obj)
+                    sent.append(obj + self.keepalive if self.searcher.rounds else obj)
                     continue
+                if self.paused:             # the round's first event: our block ends
+                    sent.append(self._resume())
                 t = obj.get("type") or name
                 if t == "error":
                     err = obj.get("error") or {}
@@ -456,7 +497,7 @@ class MessagesAdapter(Adapter):
                     ended = True
                     break
                 elif t == "ping":
-                    sent.append(self.keepalive)
+                    sent.append(PING)
             if sent:
                 yield b"".join(sent)
             if ended:
@@ -481,11 +522,11 @@ class MessagesAdapter(Adapter):
         return turn_of(self.blocks, self.stop.get("stop_reason"))
 
     def end(self, turn: Turn) -> bytes:
-        return event("message_delta", {
+        return self._resume() + event("message_delta", {
             "type": "message_delta",
             "delta": {"stop_reason": _stop_reason(turn),
                       "stop_sequence": self.stop.get("stop_sequence")},
             "usage": self._usage()}) + event("message_stop", {"type": "message_stop"})
 
     def fail(self, message: str, status: int, code: str) -> bytes:
-        return event("error", anthropic_error(message, status))
+        return self._resume() + event("error", anthropic_error(message, status))

@@ -415,3 +415,37 @@ def test_metrics_count_dialect_searches(proxy, chat, searx, stream):
     assert m.value("proxy_requests_total", route="/v1/messages", method="POST", status="200") == 1
     assert m.value("proxy_requests_total", route="/v1/responses", method="POST",
                    status="200") == 1
+
+
+@pytest.mark.parametrize("where", ["no-head", "head-only"])
+def test_a_slow_second_round_keeps_claude_code_fed(make_proxy, chat, searx, where):
+    """After the search the next round prefills (before its head, or after it): the
+    stream has begun and Claude Code counts no ping, so for a client that takes
+    thinking blocks the wait is a thinking block (signed progress.MARKER) after the
+    search's blocks; the answer follows at the next index; sent back, the block is
+    taken out before the model sees the conversation. A client that asked for no
+    thinking gets pings."""
+    from proxy.progress import MARKER
+    proxy = make_proxy(KEEPALIVE_INTERVAL=0.2)
+    for thinking in (True, False):
+        chat.script(Reply(tool_calls=[search("a")]), Reply(content="done [1]"))
+        if where == "no-head":
+            chat.head_delays = [0.0, 1.2]
+        else:
+            chat.event_delays = [0.0, 1.2]
+        extra = {"extra_body": {"thinking": {"type": "adaptive"}}} if thinking else {}
+        msg = ask(proxy, True, **extra)
+        if not thinking:
+            assert kinds(msg) == ["server_tool_use", "web_search_tool_result", "text"]
+            continue
+        assert kinds(msg) == ["server_tool_use", "web_search_tool_result", "thinking", "text"]
+        assert msg.content[2].signature == MARKER and msg.content[3].text.startswith("done")
+        # the agent's next turn carries it back: the model never sees it
+        chat.script(Reply(content="ok"))
+        client(proxy).messages.create(model="scripted-model", max_tokens=64, messages=USER + [
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True)
+                                              for b in msg.content]},
+            {"role": "user", "content": "thanks"}])
+        sent = chat.requests[-1]["messages"][1]["content"]
+        assert [b["type"] for b in sent] == ["server_tool_use", "web_search_tool_result",
+                                             "text"]
