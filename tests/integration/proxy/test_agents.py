@@ -404,46 +404,82 @@ def test_codex_through_a_prefill_longer_than_its_idle_timer(waits, tmp_path, pro
     assert rendering.refused == []
 
 
-def test_codex_through_a_load_longer_than_its_idle_timer(tmp_path):
-    """The wait is the swapper's (a cold start: the model's "container" takes 5 s to
-    start; a queue, a hold or a download wait the same way: its waiting stream's
-    comments): Codex (idle timer 2 s, no retry) gets the stack's progress and
-    completes, one request per turn, one start."""
-    import time
+class _SlowStart:
+    """A FakeRuntime whose start takes CODEX_WAIT seconds (a cold start)."""
+
+    def start(self, spec, on_progress=None, prepared=None):
+        import time
+        time.sleep(CODEX_WAIT)
+        return super().start(spec, on_progress, prepared)
+
+
+def _codex_behind_the_swapper(tmp_path, model_id: str, slow_start: bool, before=None):
+    """Codex (idle timer 2 s, no retry) asking `model_id` through the real proxy and
+    the in-process swapper (its runtime the fake one, the model's "container" a
+    scripted model behind the Qwen3.5 template); `before(swapper_url, model)` runs
+    first. (the process's result, the scripted model, the runtime)"""
     from swapper.app import create_app
     from swapper.settings import Settings as SwapperSettings
     from tests.support.fake_runtime import FakeRuntime
     from tests.support.swapperproc import FIXTURE_BACKENDS
 
-    class SlowStart(FakeRuntime):
-        def start(self, spec, on_progress=None, prepared=None):
-            time.sleep(CODEX_WAIT)
-            return super().start(spec, on_progress, prepared)
-
     env = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
            "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
            "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
     rendering = Rendering()
+    runtime_cls = type("Runtime", (_SlowStart, FakeRuntime), {}) if slow_start else FakeRuntime
     with FakeSearxng() as searx, ScriptedDialects() as model:
         model.responder = rendering
-        runtime = SlowStart({"tiny-a": model.url})
+        runtime = runtime_cls({model_id: model.url})
         app = create_app(SwapperSettings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=env,
                                          WATCH_INTERVAL=5, KEEPALIVE_INTERVAL=0.5),
                          runtime=runtime)
         with ServerThread(app) as swapper, ProxyProcess(
                 BACKEND_URL=swapper.url, SEARXNG_URL=searx.url, MODELS_TTL=0,
                 KEEPALIVE_INTERVAL=0.5) as proxy:
+            if before is not None:
+                before(swapper.url, model)
             home = codex_home(tmp_path, proxy.url)
             with open(os.path.join(home, "config.toml"), "r+") as f:
-                text = f.read().replace('model = "scripted-model"', 'model = "tiny-a"')
+                text = f.read().replace('model = "scripted-model"', f'model = "{model_id}"')
                 f.seek(0)
                 f.write(text + f"stream_idle_timeout_ms = {CODEX_IDLE_MS}\n"
                         "stream_max_retries = 0\nrequest_max_retries = 0\n")
             p = run([cli("codex"), "exec", "--skip-git-repo-check", SHELL_PROMPT], tmp_path,
                     {"CODEX_HOME": home, "LOCAL_KEY": "x"})
+    assert rendering.refused == []
+    return p, model, runtime
+
+
+def test_codex_through_a_load_longer_than_its_idle_timer(tmp_path):
+    """The wait is the swapper's (a cold start: the model's "container" takes 5 s to
+    start; a hold or a download wait the same way: its waiting stream's comments):
+    Codex gets the stack's progress and completes, one request per turn, one start."""
+    p, model, runtime = _codex_behind_the_swapper(tmp_path, "tiny-a", slow_start=True)
     assert "DONE: hello" in p.stdout
     assert model.arrivals == 2, "one request per turn, no retry"
     assert [c for c in runtime.calls if c[0] == "start"] == [("start", "tiny-a")]
+
+
+def test_codex_through_a_queue_longer_than_its_idle_timer(tmp_path):
+    """The wait is the swapper's queue: tiny-b's one slot is taken by another
+    request for 5 s when Codex's first turn comes; it queues, gets the stack's
+    progress, and is served when the slot frees: one request per turn."""
+    import threading
+    import requests as http
+    from tests.support.servers import wait_until
+
+    def occupy(swapper_url, model):
+        model.head_delays = [CODEX_WAIT]
+        threading.Thread(target=lambda: http.post(
+            swapper_url + "/v1/chat/completions", timeout=60, json={
+                "model": "tiny-b", "messages": [{"role": "user", "content": "hi"}]}),
+            daemon=True).start()
+        wait_until(lambda: model.arrivals == 1, "the other request at the model", 10)
+    p, model, _ = _codex_behind_the_swapper(tmp_path, "tiny-b", slow_start=False,
+                                            before=occupy)
+    assert "DONE: hello" in p.stdout
+    assert model.arrivals == 3, "the other request, then one per turn, no retry"
 
 
 QWEN_IDLE_MS = 2000             # QWEN_STREAM_IDLE_TIMEOUT_MS, Qwen Code's own setting
