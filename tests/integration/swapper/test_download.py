@@ -97,8 +97,15 @@ def test_two_downloads_never_fill_a_small_disk(tmp_path, docker_client):
                 answers[m] = requests.post(sw.url + "/v1/chat/completions", timeout=300, json={
                     "model": m, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
             threads = [threading.Thread(target=ask, args=(m,)) for m in ("tiny-a", "tiny-b")]
-            for t in threads:
-                t.start()
+            # tiny-a first (tiny-b's registry entry loads tiny-a's file: were tiny-b's
+            # download the one to go, its load would fail whatever the disk did).
+            threads[0].start()
+            deadline = time.monotonic() + 60
+            while requests.get(sw.url + "/v1/models/tiny-a", timeout=10).json()[
+                    "status"]["value"] != "downloading":
+                assert time.monotonic() < deadline, "tiny-a's download never started"
+                time.sleep(0.02)
+            threads[1].start()
             for t in threads:
                 t.join(300)
             stop.set()
