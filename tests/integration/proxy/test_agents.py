@@ -9,8 +9,8 @@ a failure of the test bed, not a skip."""
 import glob
 import json
 import os
-import time
 import subprocess
+import time
 
 import pytest
 
