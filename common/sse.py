@@ -136,6 +136,19 @@ def parse_event(raw: bytes) -> Event | None:
     return Event(raw=raw, data=data, name=name)
 
 
+def json_event(raw: bytes) -> tuple[Event, dict] | None:
+    """One event's bytes as (the Event, its JSON object); None when it is blank, a
+    comment, `[DONE]`, or its data is not a JSON object."""
+    ev = parse_event(raw)
+    if ev is None or ev.data is None or ev.is_done:
+        return None
+    try:
+        obj = json.loads(ev.data)
+    except ValueError:
+        return None
+    return (ev, obj) if isinstance(obj, dict) else None
+
+
 def iter_events(chunks: Iterable[bytes]) -> Iterator[Event]:
     for whole in batches(chunks):
         yield from events(whole)

@@ -252,13 +252,7 @@ def normalize_sse(chunks: Iterable[bytes]) -> Iterator[bytes]:
 def _normalize_event(raw: bytes) -> bytes:
     if b'"reasoning' not in raw:
         return raw
-    ev = sse.parse_event(raw)
-    if ev is None or ev.data is None or ev.is_done:
-        return raw
-    try:
-        obj = json.loads(ev.data)
-    except ValueError:
-        return raw
-    if isinstance(obj, dict) and normalize_completion(obj):
-        return sse.emit(obj)
+    parsed = sse.json_event(raw)
+    if parsed is not None and normalize_completion(parsed[1]):
+        return sse.emit(parsed[1])
     return raw

@@ -28,7 +28,6 @@ A stream that never waited passes untouched (one look at its first piece).
 """
 from __future__ import annotations
 
-import json
 import re
 import time
 import uuid
@@ -116,14 +115,11 @@ class _Messages:
             yield self._moved(rest)
 
     def _moved(self, raw: bytes) -> bytes:
-        ev = sse.parse_event(raw)
-        if ev is None or ev.data is None or ev.is_done:
+        parsed = sse.json_event(raw)
+        if parsed is None:
             return raw
-        try:
-            obj = json.loads(ev.data)
-        except ValueError:
-            return raw
-        kind = obj.get("type") if isinstance(obj, dict) else None
+        ev, obj = parsed
+        kind = obj.get("type")
         if kind == "message_start":
             u = (obj.get("message") or {}).get("usage")
             if isinstance(u, dict):
@@ -173,12 +169,11 @@ class _Responses:
     def _ours(self, raw: bytes) -> bytes:
         if not _LIFECYCLE.search(raw):
             return raw
-        ev = sse.parse_event(raw)
-        try:
-            obj = json.loads(ev.data)
-            kind = obj.get("type")
-        except (ValueError, AttributeError, TypeError):
+        parsed = sse.json_event(raw)
+        if parsed is None:
             return raw
+        ev, obj = parsed
+        kind = obj.get("type")
         if kind == "response.created":
             return b""
         if not kind or not isinstance(obj.get("response"), dict):
