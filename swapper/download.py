@@ -17,7 +17,7 @@ id (the manifest download-model.sh reads). A model the manifest does not know
 is never downloaded (its files are the operator's business).
 
 What one request can do to the disk (issue 28). Downloads run one at a time per
-disk (`_disk_turn`): the free space a download checks is then its own, and it
+disk, in the order asked for (`DiskTurns`): the free space a download checks is then its own, and it
 must leave a headroom free (DOWNLOAD_HEADROOM_PCT, 5 % of the disk) or it is
 refused (disk_full) before a byte is written; a disk that fills anyway loses
 the download's `.part` (never left full). A `.part` is tied to the commit and
@@ -86,8 +86,7 @@ class Downloads:
         self.scheduler = scheduler
         self._clock = clock
         self._fetch = fetch         # tests: (spec, env, todo, progress) instead of fetch_model
-        self._guard = threading.Lock()
-        self._disks: dict[int, threading.Lock] = {}     # st_dev -> its one download
+        self._turns = DiskTurns()
         self.models = None          # scripts/models.py, once loaded
         self.manifest: dict = {}
         try:
@@ -96,25 +95,6 @@ class Downloads:
         except Exception as e:      # no manifest: nothing is downloaded, loads go on
             log.warning("no download manifest (%s): models are never downloaded on first "
                         "use", e)
-
-    # ------------------------------------------------------------ one per disk
-    @contextmanager
-    def _disk_turn(self, model: str, folder: str):
-        """Hold the disk of `folder` for one download at a time: its free space is
-        then what the download checks it against (with a headroom: scripts/
-        models.py's download_file), not what several running downloads would
-        share. Another model's download on that disk waits here."""
-        dev = _device(folder)
-        with self._guard:
-            lock = self._disks.setdefault(dev, threading.Lock())
-        if not lock.acquire(blocking=False):
-            log.info("model %s waits for the download on the same disk (%s) to end", model,
-                     folder)
-            lock.acquire()
-        try:
-            yield
-        finally:
-            lock.release()
 
     # ------------------------------------------------------------------ files
     def env(self) -> dict:
@@ -154,16 +134,29 @@ class Downloads:
     def run(self) -> None:
         while True:
             model = self.scheduler.next_download(timeout=None)
-            if model is not None:
-                threading.Thread(target=self.download, args=(model,),
+            if model is None:
+                continue
+            # Its place on its disk is taken here, in the order the downloads were
+            # asked for, not when its thread gets there (issue 28's CI: the second
+            # model's thread overtook the first's and the first was refused).
+            place = self._turns.line_up(self.env()["MODELS_DIR"])
+            try:
+                threading.Thread(target=self.download, args=(model, place),
                                  name=f"download-{model}", daemon=True).start()
+            except BaseException:
+                self._turns.leave(place)
+                raise
 
-    def download(self, model: str) -> None:
+    def download(self, model: str, place: tuple | None = None) -> None:
         """Fetch what `model` misses, reporting progress; always ends with
-        scheduler.download_done (ok, or the cause in plain words)."""
+        scheduler.download_done (ok, or the cause in plain words) and leaves
+        its place in its disk's line (`place`: DiskTurns.line_up's, taken now
+        when not given)."""
         error = None
         try:
-            error = self._download(model)
+            if place is None:
+                place = self._turns.line_up(self.env()["MODELS_DIR"])
+            error = self._download(model, place)
         except BaseException as e:      # a bug: still end the wait
             log.exception("download of %s failed unexpectedly", model)
             error = LoadFailed(f"model '{model}': download failed: {type(e).__name__}: {e}",
@@ -171,9 +164,11 @@ class Downloads:
             if not isinstance(e, Exception):
                 raise
         finally:
+            if place is not None:
+                self._turns.leave(place)
             self.scheduler.download_done(model, error=error)
 
-    def _download(self, model: str) -> LoadFailed | None:
+    def _download(self, model: str, place: tuple) -> LoadFailed | None:
         todo = self.missing(model)
         if not todo:
             return None             # present after all (fetched by hand meanwhile)
@@ -195,7 +190,7 @@ class Downloads:
             total = self.models.planned_bytes(spec, todo, env)
             progress.total = total
             progress.report(force=True)
-            with self._disk_turn(model, env["MODELS_DIR"]):
+            with self._turns.turn(place, model):
                 todo = self.missing(model)          # what the one before may have changed
                 if not todo:
                     return None
@@ -215,6 +210,46 @@ class Downloads:
         log.info("model %s downloaded (%s in %.0f s)", model, self.models.human(progress.done),
                  self._clock() - progress.t0)
         return None
+
+
+class DiskTurns:
+    """One download at a time per disk, in the order they were asked for: the
+    free space a download checks is then its own (with a headroom: scripts/
+    models.py's download_file), not what several running downloads would share.
+    A place is taken in line (`line_up`), waited on (`turn`) and always left
+    (`leave`, by whoever took it, in a `finally`)."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._lines: dict[int, list] = {}       # st_dev -> places, the first one's turn
+
+    def line_up(self, folder: str) -> tuple:
+        place = (_device(folder), object())
+        with self._cv:
+            self._lines.setdefault(place[0], []).append(place[1])
+        return place
+
+    @contextmanager
+    def turn(self, place: tuple, model: str):
+        dev, me = place
+        with self._cv:
+            if self._lines[dev][0] is not me:
+                log.info("model %s waits for the download before it on the same disk", model)
+                self._cv.wait_for(lambda: self._lines[dev][0] is me)
+        try:
+            yield
+        finally:
+            self.leave(place)
+
+    def leave(self, place: tuple) -> None:
+        dev, me = place
+        with self._cv:
+            line = self._lines.get(dev, [])
+            if any(p is me for p in line):
+                line.remove(me)
+            if not line:
+                self._lines.pop(dev, None)
+            self._cv.notify_all()
 
 
 def _device(folder: str) -> int:

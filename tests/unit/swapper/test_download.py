@@ -344,3 +344,29 @@ def test_the_hubs_own_headers_are_read_on_its_redirect(hub):
     assert (info.size, info.etag, info.commit, info.sha256) == (len(DATA), sha, commit, sha)
     assert srv.heads[0].startswith(b"HEAD ") and len(srv.heads) == 1    # not followed
     assert not [r for r in hub.requests if r[0] == "HEAD"]
+
+
+def test_downloads_on_one_disk_take_their_turns_in_the_order_asked(tmp_path):
+    """The place in a disk's line is taken when the download is asked for, not
+    when its thread gets there: CI once saw the second model's thread (its Hub
+    lookups quicker) overtake the first's, so the first, asked for first, was
+    the one refused for want of space. A thread that arrives early waits; a
+    place left without its turn (an early return, an exception) frees the line."""
+    from swapper.download import DiskTurns
+    turns = DiskTurns()
+    first, second, gone = (turns.line_up(str(tmp_path)) for _ in range(3))
+    entered = []
+
+    def take(place, name):
+        with turns.turn(place, name):
+            entered.append(name)
+    late = threading.Thread(target=take, args=(second, "second"))
+    late.start()
+    time.sleep(0.2)
+    assert entered == [], "the second download went before the first"
+    take(first, "first")
+    late.join(5)
+    assert entered == ["first", "second"]
+    turns.leave(gone)                       # never took its turn
+    turns.leave(gone)                       # leaving twice is harmless
+    assert turns._lines == {}
