@@ -68,7 +68,9 @@ step_packages() {
 step_dockerd() {
   if docker info >/dev/null 2>&1; then return; fi
   log "starting dockerd (log: /var/log/dockerd.log)"
-  nohup dockerd >/var/log/dockerd.log 2>&1 &
+  # Without the lock's descriptor: dockerd (and its containerd) outlive this run,
+  # and holding fd 9 they would keep every later run waiting at the flock.
+  nohup dockerd >/var/log/dockerd.log 2>&1 9>&- &
   for _ in $(seq 1 60); do
     docker info >/dev/null 2>&1 && return
     sleep 1
