@@ -139,7 +139,7 @@ class Downloads:
             # Its place on its disk is taken here, in the order the downloads were
             # asked for, not when its thread gets there (issue 28's CI: the second
             # model's thread overtook the first's and the first was refused).
-            place = self._turns.line_up(self.env()["MODELS_DIR"])
+            place = self._turns.line_up(self.env()["MODELS_DIR"], model)
             try:
                 threading.Thread(target=self.download, args=(model, place),
                                  name=f"download-{model}", daemon=True).start()
@@ -147,7 +147,7 @@ class Downloads:
                 self._turns.leave(place)
                 raise
 
-    def download(self, model: str, place: tuple | None = None) -> None:
+    def download(self, model: str, place: _Place | None = None) -> None:
         """Fetch what `model` misses, reporting progress; always ends with
         scheduler.download_done (ok, or the cause in plain words) and leaves
         its place in its disk's line (`place`: DiskTurns.line_up's, taken now
@@ -155,7 +155,7 @@ class Downloads:
         error = None
         try:
             if place is None:
-                place = self._turns.line_up(self.env()["MODELS_DIR"])
+                place = self._turns.line_up(self.env()["MODELS_DIR"], model)
             error = self._download(model, place)
         except BaseException as e:      # a bug: still end the wait
             log.exception("download of %s failed unexpectedly", model)
@@ -168,7 +168,7 @@ class Downloads:
                 self._turns.leave(place)
             self.scheduler.download_done(model, error=error)
 
-    def _download(self, model: str, place: tuple) -> LoadFailed | None:
+    def _download(self, model: str, place: _Place) -> LoadFailed | None:
         todo = self.missing(model)
         if not todo:
             return None             # present after all (fetched by hand meanwhile)
@@ -190,7 +190,8 @@ class Downloads:
             total = self.models.planned_bytes(spec, todo, env)
             progress.total = total
             progress.report(force=True)
-            with self._turns.turn(place, model):
+            with self._turns.turn(place, progress.waiting):
+                progress.waiting(None)
                 todo = self.missing(model)          # what the one before may have changed
                 if not todo:
                     return None
@@ -216,40 +217,50 @@ class DiskTurns:
     """One download at a time per disk, in the order they were asked for: the
     free space a download checks is then its own (with a headroom: scripts/
     models.py's download_file), not what several running downloads would share.
-    A place is taken in line (`line_up`), waited on (`turn`) and always left
+    A place is taken in line (`line_up`), waited on (`turn`, which tells
+    `waiting(model before it)` first when it must wait) and always left
     (`leave`, by whoever took it, in a `finally`)."""
 
     def __init__(self):
         self._cv = threading.Condition()
         self._lines: dict[int, list] = {}       # st_dev -> places, the first one's turn
 
-    def line_up(self, folder: str) -> tuple:
-        place = (_device(folder), object())
+    def line_up(self, folder: str, model: str) -> _Place:
+        place = _Place(_device(folder), model)
         with self._cv:
-            self._lines.setdefault(place[0], []).append(place[1])
+            self._lines.setdefault(place.dev, []).append(place)
         return place
 
     @contextmanager
-    def turn(self, place: tuple, model: str):
-        dev, me = place
+    def turn(self, place: _Place, waiting: Callable[[str], None] = lambda before: None):
+        line = self._lines[place.dev]
         with self._cv:
-            if self._lines[dev][0] is not me:
-                log.info("model %s waits for the download before it on the same disk", model)
-                self._cv.wait_for(lambda: self._lines[dev][0] is me)
+            if line[0] is not place:
+                log.info("model %s waits for the download of %s on the same disk",
+                         place.model, line[0].model)
+                waiting(line[0].model)
+                self._cv.wait_for(lambda: line[0] is place)
         try:
             yield
         finally:
             self.leave(place)
 
-    def leave(self, place: tuple) -> None:
-        dev, me = place
+    def leave(self, place: _Place) -> None:
         with self._cv:
-            line = self._lines.get(dev, [])
-            if any(p is me for p in line):
-                line.remove(me)
+            line = self._lines.get(place.dev, [])
+            if place in line:
+                line.remove(place)
             if not line:
-                self._lines.pop(dev, None)
+                self._lines.pop(place.dev, None)
             self._cv.notify_all()
+
+
+class _Place:
+    """A download's place in its disk's line (compared by identity)."""
+    __slots__ = ("dev", "model")
+
+    def __init__(self, dev: int, model: str):
+        self.dev, self.model = dev, model
 
 
 def _device(folder: str) -> int:
@@ -279,6 +290,10 @@ class Progress:
     def add(self, nbytes: int) -> None:
         self.done += nbytes
         self.report()
+
+    def waiting(self, before: str | None) -> None:
+        """The download waits for `before`'s on the same disk (None: no more)."""
+        self.scheduler.download_progress(self.model, self.done, self.total, waiting_for=before)
 
     def report(self, force: bool = False) -> None:
         now = self._clock()

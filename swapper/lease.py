@@ -223,7 +223,11 @@ def waiting_for(snapshot: dict, model: str) -> str:
 
 
 def downloading_text(model: str, d: dict) -> str:
-    """`downloading qwen-35b: 12.4 / 28.5 GB, 85 MB/s, ~3 min`."""
+    """`downloading qwen-35b: 12.4 / 28.5 GB, 85 MB/s, ~3 min`, or `download of
+    qwen-35b waits for the download of qwen-8b on the same disk`."""
+    if d.get("waiting_for"):
+        return (f"download of {model} waits for the download of {d['waiting_for']} on the "
+                "same disk")
     done, total = d.get("done_bytes") or 0, d.get("total_bytes")
     rate, eta = d.get("bytes_per_second"), d.get("eta_seconds")
     if total:

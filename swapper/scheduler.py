@@ -401,14 +401,18 @@ class Scheduler:
             return self._download_jobs.pop(0) if self._download_jobs else None
 
     def download_progress(self, model: str, done: int, total: int | None,
-                          rate: float | None = None, eta: float | None = None) -> None:
+                          rate: float | None = None, eta: float | None = None,
+                          waiting_for: str | None = None) -> None:
+        """A download's bytes so far, or (`waiting_for`) the model whose download
+        on the same disk it waits for."""
         with self._cv:
             d = self.downloads.get(model)
             if d is None:
                 return
             d.update(done_bytes=done, total_bytes=total,
                      bytes_per_second=None if rate is None else round(rate),
-                     eta_seconds=None if eta is None else round(eta, 1))
+                     eta_seconds=None if eta is None else round(eta, 1),
+                     waiting_for=waiting_for)
             self._emit("download_progress", **d)
 
     def download_done(self, model: str, error: LoadFailed | None = None) -> None:
@@ -454,7 +458,7 @@ class Scheduler:
         self._download_started[model] = self._clock()
         self.downloads[model] = {"model": model, "done_bytes": 0,
                                  "total_bytes": None, "bytes_per_second": None,
-                                 "eta_seconds": None}
+                                 "eta_seconds": None, "waiting_for": None}
         self._download_jobs.append(model)
         self._last_error.pop(model, None)
         self._emit("download_started", model=model)

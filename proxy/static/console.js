@@ -507,11 +507,16 @@ function statusText(id) {
     if (p && p.detail) detail += " · " + p.detail;
   } else if (st.value === "downloading") {
     // The swapper's fields (scheduler.download_progress): done_bytes, total_bytes,
-    // bytes_per_second, eta_seconds (any of them null until known).
-    const parts = [fmtBytes(st.done_bytes || 0) + (st.total_bytes ? " / " + fmtBytes(st.total_bytes) : "")];
-    if (st.bytes_per_second) parts.push(fmtBytes(st.bytes_per_second) + "/s");
-    if (st.eta_seconds != null) parts.push("~" + fmtSeconds(st.eta_seconds) + " left");
-    detail = parts.join(" · ");
+    // bytes_per_second, eta_seconds (any of them null until known); waiting_for
+    // while another model's download on the same disk goes first.
+    if (st.waiting_for) {
+      detail = "after " + st.waiting_for + "'s download (same disk)";
+    } else {
+      const parts = [fmtBytes(st.done_bytes || 0) + (st.total_bytes ? " / " + fmtBytes(st.total_bytes) : "")];
+      if (st.bytes_per_second) parts.push(fmtBytes(st.bytes_per_second) + "/s");
+      if (st.eta_seconds != null) parts.push("~" + fmtSeconds(st.eta_seconds) + " left");
+      detail = parts.join(" · ");
+    }
   } else if (st.value === "failed") {
     detail = st.failure || "";
   }

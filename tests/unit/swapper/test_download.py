@@ -289,10 +289,17 @@ def test_two_models_on_one_disk_download_one_at_a_time(tmp_path, hub, chat):
         for m in ("tiny-a", "tiny-b")]
     for t in threads:
         t.start()
+    seen = set()                # what tiny-b's status said while it waited
+    while any(t.is_alive() for t in threads):
+        st = app.test_client().get("/v1/models/tiny-b").json["status"]
+        seen.add(st.get("waiting_for"))
+        time.sleep(0.02)
     for t in threads:
         t.join(30)
     assert answers == {"tiny-a": 200, "tiny-b": 200}
     assert hub.peak_sending == 1, "two downloads wrote to one disk at once"
+    # Whichever went first, the other said whose download it waited for.
+    assert seen & {"tiny-a", "tiny-b"}, seen
     assert len(gets(hub)) == 2
     assert (tmp_path / "models" / "tiny" / "tiny-b.gguf").read_bytes() == DATA2
 
@@ -353,20 +360,24 @@ def test_downloads_on_one_disk_take_their_turns_in_the_order_asked(tmp_path):
     the one refused for want of space. A thread that arrives early waits; a
     place left without its turn (an early return, an exception) frees the line."""
     from swapper.download import DiskTurns
+    from swapper.lease import downloading_text
     turns = DiskTurns()
-    first, second, gone = (turns.line_up(str(tmp_path)) for _ in range(3))
-    entered = []
+    first, second, gone = (turns.line_up(str(tmp_path), m) for m in ("a", "b", "c"))
+    entered, told = [], []
 
-    def take(place, name):
-        with turns.turn(place, name):
-            entered.append(name)
-    late = threading.Thread(target=take, args=(second, "second"))
+    def take(place):
+        with turns.turn(place, told.append):
+            entered.append(place.model)
+    late = threading.Thread(target=take, args=(second,))
     late.start()
     time.sleep(0.2)
     assert entered == [], "the second download went before the first"
-    take(first, "first")
+    assert told == ["a"], "the waiting download did not say what it waits for"
+    take(first)
     late.join(5)
-    assert entered == ["first", "second"]
+    assert entered == ["a", "b"] and told == ["a"]
     turns.leave(gone)                       # never took its turn
     turns.leave(gone)                       # leaving twice is harmless
     assert turns._lines == {}
+    assert downloading_text("b", {"done_bytes": 0, "waiting_for": "a"}) == \
+        "download of b waits for the download of a on the same disk"
