@@ -25,6 +25,15 @@ def proxy(swapper):
         yield p
 
 
+@pytest.fixture(autouse=True)
+def _unload_between_tests():
+    """Overrides the swapper tests' unload after each test: these tests prove what
+    each dialect carries, not loads, so the model one test leaves resident serves
+    the next (both dialects' vLLM tests share one CPU vLLM start, ~30 s; the
+    llama.cpp ones one tiny-a load). The module's swapper removes it at the end."""
+    yield
+
+
 def claude(proxy) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=proxy.url, api_key="x", max_retries=0, timeout=600)
 
@@ -96,7 +105,8 @@ def test_unknown_model_in_each_dialects_error_shape(proxy):
 
 @pytest.mark.parametrize("dialect", ["messages", "responses"])
 def test_vllm_serves_both_dialects(proxy, dialect):
-    """CPU vLLM (cold start: minutes) answers both dialects, streamed and not."""
+    """CPU vLLM (cold start: minutes) answers both dialects, streamed and not (the
+    first of the two swaps to it from tiny-a; the second finds it resident)."""
     for stream in (False, True):
         if dialect == "messages":
             msg = messages(proxy, "tiny-vllm", stream, search=True)

@@ -1,11 +1,20 @@
 """The vLLM backend kind for real: vLLM's CPU build serving SmolLM2, started by
-the swapper and used through the proxy, swapped with llama.cpp models."""
+the swapper and used through the proxy, swapped with llama.cpp models.
+
+CPU vLLM takes ~30 s to come up, so the module starts it once (`cold_start`):
+tiny-a resident, then a plain streamed chat for tiny-vllm straight to the swapper
+(no /load) swaps to it cold, and is answered once vLLM accepts connections. The
+tests read what that start showed, use the vLLM it left resident (this module
+does not unload between tests) and the last one swaps back to tiny-a. Each test
+also runs alone: the fixture makes the same start for it."""
 import json
+from dataclasses import dataclass, field
 
 import openai
 import pytest
 import requests
 
+from tests.integration.swapper.conftest import InvariantSampler
 from tests.integration.swapper.test_swapper import running
 from tests.support.proxyproc import ProxyProcess
 
@@ -16,14 +25,66 @@ def proxy(swapper):
         yield p
 
 
+@pytest.fixture(autouse=True)
+def _unload_between_tests():
+    """Overrides the swapper tests' unload after each test: vLLM's one start is
+    shared here (test_swap_llamacpp_vllm_llamacpp_keeps_one_resident unloads
+    at the end, and asserts that it did)."""
+    yield
+
+
 def client(proxy):
     return openai.OpenAI(base_url=proxy.url + "/v1", api_key="none", timeout=None, max_retries=0)
 
 
-def test_vllm_through_the_proxy(swapper, proxy, invariant):
+@dataclass
+class ColdStart:
+    sampler: InvariantSampler
+    resident_before: str | None = None      # /running's model before the vLLM request
+    status: int = 0
+    data: list = field(default_factory=list)  # the stream's `data: ` lines
+    resident_after: str | None = None
+
+
+@pytest.fixture(scope="module")
+def cold_start(swapper, proxy, docker_client):
+    """tiny-a resident (through the proxy), then tiny-vllm asked for with a plain
+    streamed chat straight to the swapper, no /load first: the swap to a cold vLLM,
+    which refuses connections until it is ready, while the request waits. Docker is
+    sampled from before tiny-a's load to the module's end (one resident at a time)."""
+    with InvariantSampler(docker_client, swapper.stack) as sampler:
+        seen = ColdStart(sampler)
+        out = client(proxy).chat.completions.create(
+            model="tiny-a", max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
+        assert out.choices[0].message.content is not None
+        seen.resident_before = running(swapper)["model"]
+        r = requests.post(swapper.url + "/v1/chat/completions", timeout=900, json={
+            "model": "tiny-vllm", "max_tokens": 4, "stream": True,
+            "messages": [{"role": "user", "content": "Hi"}]}, stream=True)
+        seen.status = r.status_code
+        seen.data = [l for l in r.iter_lines() if l.startswith(b"data: ")]
+        seen.resident_after = running(swapper)["model"]
+        yield seen
+    requests.post(swapper.url + "/unload", timeout=120)
+    assert sampler.samples > 0
+    assert sampler.peak <= 1, f"{sampler.peak} backend containers of the stack ran at once"
+
+
+def test_vllm_refuses_connections_until_ready_and_the_swapper_waits(cold_start):
+    """Ask for the vLLM model cold with a plain chat (no /load first): the
+    request waits through vLLM's start-up and is answered."""
+    assert cold_start.resident_before == "tiny-a"       # so tiny-vllm was not running
+    assert cold_start.status == 200
+    assert cold_start.data[-1] == b"data: [DONE]"
+    assert json.loads(cold_start.data[0][6:])["model"] == "tiny-vllm"
+    assert cold_start.resident_after == "tiny-vllm"
+
+
+def test_vllm_through_the_proxy(swapper, proxy, invariant, cold_start):
     r = requests.post(proxy.url + "/load/v", timeout=900)
     assert r.status_code == 200, r.text
     assert r.json()["loaded"] == "tiny-vllm"
+    assert r.json()["running"] == ["tiny-vllm"]
     assert running(swapper)["last_load_seconds"] > 0
 
     c = client(proxy)
@@ -56,29 +117,25 @@ def test_vllm_through_the_proxy(swapper, proxy, invariant):
                                     messages=[{"role": "user", "content": "Name a colour."}])
     assert sorted(ch.index for ch in two.choices) == [0, 1]
     assert two.usage.completion_tokens >= 2
+    assert running(swapper)["model"] == "tiny-vllm"
+    assert invariant.seen_models == ["tiny-vllm"], "served by the one vLLM start"
 
 
-def test_vllm_refuses_connections_until_ready_and_the_swapper_waits(swapper):
-    """Ask for the vLLM model cold with a plain chat (no /load first): the
-    request waits through vLLM's start-up and is answered."""
-    requests.post(swapper.url + "/unload", timeout=120)
-    r = requests.post(swapper.url + "/v1/chat/completions", timeout=900, json={
-        "model": "tiny-vllm", "max_tokens": 4, "stream": True,
-        "messages": [{"role": "user", "content": "Hi"}]}, stream=True)
-    assert r.status_code == 200
-    data = [l for l in r.iter_lines() if l.startswith(b"data: ")]
-    assert data[-1] == b"data: [DONE]"
-    assert json.loads(data[0][6:])["model"] == "tiny-vllm"
-
-
-def test_swap_llamacpp_vllm_llamacpp_keeps_one_resident(swapper, proxy, invariant):
+def test_swap_llamacpp_vllm_llamacpp_keeps_one_resident(swapper, proxy, cold_start):
+    """tiny-a, then tiny-vllm (cold_start's swap), then tiny-a again through the
+    proxy, one resident at a time; /unload through the proxy frees it."""
+    assert (cold_start.resident_before, cold_start.resident_after) == ("tiny-a", "tiny-vllm")
     c = client(proxy)
-    for model in ("tiny-a", "tiny-vllm", "tiny-a"):
-        out = c.chat.completions.create(model=model, max_tokens=4,
-                                        messages=[{"role": "user", "content": "Hi"}])
-        assert out.choices[0].message.content is not None
-        assert running(swapper)["model"] == model
-    assert invariant.seen_models[-3:] == ["tiny-a", "tiny-vllm", "tiny-a"]
+    out = c.chat.completions.create(model="tiny-vllm", max_tokens=4,
+                                    messages=[{"role": "user", "content": "Hi"}])
+    assert out.choices[0].message.content is not None
+    assert running(swapper)["model"] == "tiny-vllm"
+    out = c.chat.completions.create(model="tiny-a", max_tokens=4,
+                                    messages=[{"role": "user", "content": "Hi"}])
+    assert out.choices[0].message.content is not None
+    assert running(swapper)["model"] == "tiny-a"
+    assert cold_start.sampler.seen_models[-3:] == ["tiny-a", "tiny-vllm", "tiny-a"]
+    assert cold_start.sampler.peak <= 1
     r = requests.post(proxy.url + "/unload", timeout=120)
     assert r.status_code == 200 and r.json()["unloaded"] is True
     assert running(swapper)["model"] is None
