@@ -17,6 +17,7 @@
 - A body must arrive within `body_timeout` seconds, plus one second per 64 KiB
   that came (a minimum rate): a slower one is a 408 and its connection is
   closed, so clients trickling bodies cannot hold the server's connections.
+  (The request head's deadline is the server's: common.serve.HeadTimedWorker.)
 - Routing never redirects: a redirect built by the router names the address the
   request came in on, which for the swapper is its internal one.
 - JSON: a body is decoded as strict UTF-8, nested at most MAX_JSON_DEPTH deep,

@@ -4,15 +4,21 @@ Both services run this way in their containers and outside Docker
 (`python -m proxy`, `python -m swapper`), so tests exercise the real server.
 The app is built inside the worker (`factory()`), after gevent has patched the
 standard library, so the master never imports requests/ssl unpatched.
+
+The request's deadlines: its head is held to `header_timeout` on a new
+connection (HeadTimedWorker, here), its body to BODY_TIMEOUT (common.guard).
 """
 from __future__ import annotations
 
 import json
 from typing import Callable
 
+import gevent
+from gevent.local import local
 from gunicorn import util as gunicorn_util
 from gunicorn.app.base import BaseApplication
 from gunicorn.http import wsgi as gunicorn_wsgi
+from gunicorn.workers.ggevent import GeventWorker
 
 from .errors import error_body
 
@@ -91,6 +97,13 @@ class HeadWithBody(gunicorn_wsgi.Response):
         if head:
             self.sock.sendall(head)
 
+    def should_close(self):
+        # A request answered before its body was read to the end (a 408, a 413 on
+        # its declared length, a 401...: common.guard.close_connection) ends its
+        # connection; its answer says so (gunicorn said keep-alive, then closed).
+        body = getattr(self.req, "body", None)
+        return getattr(body, "failed", False) is True or super().should_close()
+
     def close(self):
         if not self.headers_sent:
             self.send_headers()
@@ -105,6 +118,31 @@ class HeadWithBody(gunicorn_wsgi.Response):
 
 # gunicorn.http.wsgi.create() builds its responses from this name.
 gunicorn_wsgi.Response = HeadWithBody
+
+
+class HeadTimedWorker(GeventWorker):
+    """gunicorn's gevent worker, with a new connection's first request head held
+    to `header_timeout` seconds from its accept: not there in time, the
+    connection is closed, without an answer. gunicorn holds every wait for a
+    request head (idle time and the head's bytes together) to `keepalive`; a
+    connection that never sent a whole request kept one of `worker_connections`
+    that long (75 s: 1,000 sending a header byte every 5 s, or nothing at all,
+    locked new clients out for 74 s). A connection that has been served still
+    waits `keepalive` for its next request: clients reuse idle ones. None:
+    gunicorn's `keepalive` for the first head too."""
+
+    header_timeout: float | None = None
+
+    def init_process(self):
+        self._connection = local()     # gevent serves each connection in a greenlet of its own
+        super().init_process()
+
+    def timeout_ctx(self):             # around each wait for a request head
+        connection = self._connection
+        if self.header_timeout is None or getattr(connection, "kept_alive", False):
+            return super().timeout_ctx()
+        connection.kept_alive = True   # any later wait: for a served connection's next request
+        return gevent.Timeout(self.header_timeout, False)   # False: ends the wait, silently
 
 
 class _Server(BaseApplication):
@@ -124,16 +162,20 @@ class _Server(BaseApplication):
 
 def serve(factory: Callable, host: str, port: int, *, workers: int = 1,
           name: str = "coding-stack", loglevel: str = "info", keepalive: int = 75,
+          header_timeout: float | None = None,
           on_exit: Callable[[], None] | None = None,
           child_exit: Callable[[int], None] | None = None) -> None:
     """Run until SIGTERM/SIGINT. On SIGTERM the worker finishes in-flight
     requests, but also waits for idle keep-alive connections to time out:
-    `keepalive` bounds how long an idle client delays a shutdown. `child_exit(pid)`
-    runs in the master when a worker exits."""
+    `keepalive` bounds how long an idle client delays a shutdown. A new
+    connection's first request head must arrive within `header_timeout` seconds
+    (HeadTimedWorker; None: `keepalive`). `child_exit(pid)` runs in the master
+    when a worker exits."""
     _Server(factory, {
         "bind": f"{host}:{port}",
         "workers": workers,
-        "worker_class": "gevent",
+        "worker_class": type("HeadTimedWorker", (HeadTimedWorker,),
+                             {"header_timeout": header_timeout}),
         "worker_connections": 1000,
         "timeout": 0,              # streams, cold starts and swaps last minutes
         "graceful_timeout": 30,

@@ -21,8 +21,8 @@ def main() -> None:
         return create_app(settings)
 
     serve(factory, settings.PROXY_HOST, settings.PROXY_PORT, workers=settings.PROXY_WORKERS,
-          name="coding-stack-proxy", loglevel=settings.LOG_LEVEL, child_exit=child_exit,
-          on_exit=cleanup)
+          name="coding-stack-proxy", loglevel=settings.LOG_LEVEL,
+          header_timeout=settings.HEADER_TIMEOUT, child_exit=child_exit, on_exit=cleanup)
 
 
 if __name__ == "__main__":

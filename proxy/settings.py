@@ -29,6 +29,8 @@ class Settings:
     # Web origins allowed to call it from a browser (comma-separated, exact:
     # "https://app.example"); none by default: every other origin is refused (403).
     CORS_ORIGINS: str = ""
+    # Seconds a new connection's request head may take to arrive; slower: closed.
+    HEADER_TIMEOUT: float = setting(10.0, min=0.001)
     # Seconds a request body may take to arrive (plus 1 s per 64 KiB); slower: 408, closed.
     BODY_TIMEOUT: float = setting(30.0, min=0.001)
     # cache of the upstream's /v1/models (system prompt, floor); 0 = no cache
