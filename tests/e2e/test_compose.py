@@ -110,9 +110,17 @@ def up(compose: Compose):
         assert not nets, "network left behind"
 
 
-def test_the_stack_end_to_end(stack):
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{stack.proxy_port}/v1", api_key="none",
-                           timeout=None, max_retries=0)
+@pytest.fixture
+def openai_client(stack):
+    """Closed after the test: an idle keep-alive connection left open to the proxy holds
+    its shutdown (gunicorn waits graceful_timeout, 30 s, for it) in `docker compose down`."""
+    with openai.OpenAI(base_url=f"http://127.0.0.1:{stack.proxy_port}/v1", api_key="none",
+                       timeout=None, max_retries=0) as client:
+        yield client
+
+
+def test_the_stack_end_to_end(stack, openai_client):
+    client = openai_client
     ids = {m.id for m in client.models.list().data}
     assert {"tiny-a", "tiny-b"} <= ids
 
