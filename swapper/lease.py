@@ -28,7 +28,7 @@ from common.failures import failure
 
 from .driver import CONFIRM_DEAD_SECONDS, Driver
 from .metrics import SwapperMetrics
-from .scheduler import Cancelled, LoadFailed, QueueFull, Scheduler, Ticket
+from .scheduler import OTHER_PROCESS, Cancelled, LoadFailed, QueueFull, Scheduler, Ticket
 
 # Causes (common.failures) after which the backend's container is looked at.
 BACKEND_CAUSES = frozenset({"unreachable", "closed_early", "broke_off", "upstream_failed"})
@@ -224,10 +224,13 @@ def waiting_for(snapshot: dict, model: str) -> str:
 
 def downloading_text(model: str, d: dict) -> str:
     """`downloading qwen-35b: 12.4 / 28.5 GB, 85 MB/s, ~3 min`, or `download of
-    qwen-35b waits for the download of qwen-8b on the same disk`."""
-    if d.get("waiting_for"):
-        return (f"download of {model} waits for the download of {d['waiting_for']} on the "
-                "same disk")
+    qwen-35b waits for the download of qwen-8b on the same disk` (`waiting_for`:
+    the model whose download goes first, or OTHER_PROCESS)."""
+    before = d.get("waiting_for")
+    if before:
+        return f"download of {model} waits for " + (
+            "another process's download into MODELS_DIR" if before == OTHER_PROCESS else
+            f"the download of {before} on the same disk")
     done, total = d.get("done_bytes") or 0, d.get("total_bytes")
     rate, eta = d.get("bytes_per_second"), d.get("eta_seconds")
     if total:

@@ -510,7 +510,9 @@ function statusText(id) {
     // bytes_per_second, eta_seconds (any of them null until known); waiting_for
     // while another model's download on the same disk goes first.
     if (st.waiting_for) {
-      detail = "after " + st.waiting_for + "'s download (same disk)";
+      detail = st.waiting_for === "another process"     // the swapper's OTHER_PROCESS
+        ? "after another process's download into MODELS_DIR"
+        : "after " + st.waiting_for + "'s download (same disk)";
     } else {
       const parts = [fmtBytes(st.done_bytes || 0) + (st.total_bytes ? " / " + fmtBytes(st.total_bytes) : "")];
       if (st.bytes_per_second) parts.push(fmtBytes(st.bytes_per_second) + "/s");

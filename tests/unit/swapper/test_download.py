@@ -381,3 +381,41 @@ def test_downloads_on_one_disk_take_their_turns_in_the_order_asked(tmp_path):
     assert turns._lines == {}
     assert downloading_text("b", {"done_bytes": 0, "waiting_for": "a"}) == \
         "download of b waits for the download of a on the same disk"
+
+
+def test_a_download_run_by_hand_goes_first_and_the_wait_says_so(tmp_path, hub, chat):
+    """./download-model.sh (another process) holds MODELS_DIR's download lock: the
+    swapper's download on first use waits for it (its free-space check would
+    otherwise count on space the other is filling), says so in the stream and the
+    model status, and goes on as soon as the lock is free (also when its holder
+    dies: the lock goes with its descriptor)."""
+    import subprocess
+    import sys
+    chat.script(Reply("after"))
+    app, _, target = make_app(tmp_path, hub, {"tiny-a": chat.url})
+    lock = target.parents[1] / ".download.lock"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(lock)!r}, os.O_RDONLY | os.O_CREAT, 0o666)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        answer = {}
+        t = threading.Thread(target=lambda: answer.setdefault("a", app.test_client().post(
+            "/v1/chat/completions", json=body("tiny-a"), buffered=True).data.decode()))
+        t.start()
+        sched = app.extensions["swapper"].scheduler
+        deadline = time.monotonic() + 10
+        while sched.model_status("tiny-a").get("waiting_for") != "another process":
+            assert time.monotonic() < deadline, sched.model_status("tiny-a")
+            time.sleep(0.02)
+        time.sleep(0.3)
+        assert gets(hub) == [], "it downloaded while the other process held the folder"
+    finally:
+        holder.kill()
+        holder.wait()
+    t.join(30)
+    assert ": download of tiny-a waits for another process's download into MODELS_DIR" \
+        in answer["a"]
+    assert "data: [DONE]" in answer["a"] and target.read_bytes() == DATA
