@@ -12,6 +12,17 @@ from tests.e2e.test_compose import REPO, Compose, up
 from tests.support.fake_runtime import TINY_REPO, FakeHub, tiny_a_from_hub
 
 
+def streamed_chat(base: str) -> tuple[int, str]:
+    """The status and body of one streamed chat. Its response dies here: kept alive,
+    it keeps its socket open (requests/urllib3 close the connection, not the file
+    the response reads from), and that idle connection holds the proxy's shutdown in
+    `docker compose down` for gunicorn's graceful_timeout (30 s)."""
+    r = requests.post(base + "/v1/chat/completions", stream=True, timeout=600, json={
+        "model": "tiny-a", "stream": True, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}]})
+    return r.status_code, r.content.decode()
+
+
 def test_a_model_not_on_disk_is_downloaded_then_answers_through_compose(tmp_path_factory):
     root = tmp_path_factory.mktemp("download")
     root.chmod(0o755)
@@ -31,11 +42,8 @@ def test_a_model_not_on_disk_is_downloaded_then_answers_through_compose(tmp_path
                       requests.get(base + "/v1/models", timeout=10).json()["data"]}
             assert status["tiny-a"]["value"] == "unloaded"
             assert not (models / gguf.name).exists()
-            r = requests.post(base + "/v1/chat/completions", stream=True, timeout=600, json={
-                "model": "tiny-a", "stream": True, "max_tokens": 4,
-                "messages": [{"role": "user", "content": "hi"}]})
-            body = r.content.decode()
-            assert r.status_code == 200, body
+            status_code, body = streamed_chat(base)
+            assert status_code == 200, body
             assert ": downloading tiny-a: " in body and "/ 98.4 MB" in body, \
                 body[:2000] + compose.logs()
             assert "data: [DONE]" in body and '"error"' not in body, body[-2000:]
