@@ -11,6 +11,7 @@ connection (HeadTimedWorker, here), its body to BODY_TIMEOUT (common.guard).
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from typing import Callable
 
 import gevent
@@ -128,21 +129,57 @@ class HeadTimedWorker(GeventWorker):
     connection that never sent a whole request kept one of `worker_connections`
     that long (75 s: 1,000 sending a header byte every 5 s, or nothing at all,
     locked new clients out for 74 s). A connection that has been served still
-    waits `keepalive` for its next request: clients reuse idle ones. None:
-    gunicorn's `keepalive` for the first head too."""
+    waits `keepalive` for its next request: clients reuse idle ones -- until the
+    worker's connections run short (RECLAIM_AT of them open): then each new
+    connection closes the longest-idle served ones first, as nginx does (1,000
+    connections that made one request each and went quiet locked new clients
+    out for 72 s). None: gunicorn's `keepalive` for the first head too."""
 
     header_timeout: float | None = None
+    RECLAIM_AT = 0.9                   # of worker_connections open: idle ones go
 
     def init_process(self):
         self._connection = local()     # gevent serves each connection in a greenlet of its own
+        self._open = 0                 # connections being served or waited on
+        self._idle: dict = {}          # greenlet -> its wait's timer, the longest idle first
         super().init_process()
+
+    def handle(self, listener, client, addr):
+        self._open += 1
+        try:
+            super().handle(listener, client, addr)
+        finally:
+            self._open -= 1
 
     def timeout_ctx(self):             # around each wait for a request head
         connection = self._connection
-        if self.header_timeout is None or getattr(connection, "kept_alive", False):
+        if self.header_timeout is None:
             return super().timeout_ctx()
+        if getattr(connection, "kept_alive", False):
+            return self._idle_wait()
         connection.kept_alive = True   # any later wait: for a served connection's next request
+        self._reclaim()
         return gevent.Timeout(self.header_timeout, False)   # False: ends the wait, silently
+
+    @contextmanager
+    def _idle_wait(self):
+        """A served connection's wait for its next head: `keepalive`, or less when
+        _reclaim ends it (its own timer thrown into it: the wait ends as if it
+        had run out, and gunicorn closes the connection)."""
+        timer = gevent.Timeout(self.cfg.keepalive, False)
+        me = gevent.getcurrent()
+        self._idle[me] = timer
+        try:
+            with timer:
+                yield
+        finally:
+            self._idle.pop(me, None)
+
+    def _reclaim(self) -> None:
+        over = self._open - int(self.worker_connections * self.RECLAIM_AT)
+        for glet, timer in list(self._idle.items())[:max(over, 0)]:
+            self._idle.pop(glet, None)
+            glet.kill(timer, block=False)
 
 
 class _Server(BaseApplication):

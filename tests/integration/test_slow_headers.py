@@ -135,6 +135,41 @@ def test_a_served_connection_waits_the_keep_alive_for_its_next_request(proxy):
             time.sleep(HEADER_TIMEOUT + 1)
 
 
+def test_served_connections_gone_quiet_give_way_to_new_clients(proxy, nofile):  # noqa: F811
+    """1,000 connections each served once and then idle (clients' pools, or a page
+    that opens many) fill the worker's connections: a new client is served at once,
+    not after their 75 s keep-alive (it waited 72 s before), because each new
+    connection past 90 % of worker_connections closes the longest-idle served
+    ones; those that were not needed stay open and are reused."""
+    idle = []
+    try:
+        for _ in range(SLOW):
+            s = connect(proxy)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            head, _ = answer(s)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            idle.append(s)
+        t0 = time.monotonic()
+        ans = send(proxy.url, "GET", "/healthz", timeout=60)
+        waited = time.monotonic() - t0
+        assert ans.status == 200, ans.body
+        assert waited < HEADER_TIMEOUT + 10, waited
+        sel = selectors.DefaultSelector()
+        for s in idle:
+            sel.register(s, selectors.EVENT_READ)
+        closed = {key.fileobj for key, _ in sel.select(1.0)}
+        assert all(s.recv(4096) == b"" for s in closed)     # closed, unanswered
+        assert len(closed) >= SLOW // 10, len(closed)       # room was made for the rest
+        assert idle[0] in closed, "the longest idle went first"
+        kept = idle[-1]                                      # the newest: still served
+        assert kept not in closed
+        kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert answer(kept)[0].startswith(b"HTTP/1.1 200")
+    finally:
+        for s in idle:
+            s.close()
+
+
 def test_slow_answers_and_slow_bodies_outlast_the_header_timeout(proxy):
     """HEADER_TIMEOUT holds the head only: an answer that takes longer, and a body that
     arrives over longer (within BODY_TIMEOUT), are served."""
