@@ -22,17 +22,14 @@ import time
 from typing import Iterable, Iterator
 
 from common import queuewait
+from common.dialects import WIRES
 
 RING_SIZE = 200
 
-# The routes whose requests are listed (the console's own polling is not).
-DIALECTS = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/messages": "messages",
-    "/v1/responses": "responses",
-    "/v1/embeddings": "embeddings",
-}
+# The routes whose requests are listed (the console's own polling is not): the
+# dialects' (common/dialects.py) and the other model routes, by route label.
+DIALECTS = {**{w.path: w.name for w in WIRES},
+            "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 
 RECORD = "coding_stack.activity"          # the request's open record (metrics.ACTIVITY)
 _current: contextvars.ContextVar[dict | None] = contextvars.ContextVar(

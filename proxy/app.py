@@ -94,7 +94,7 @@ class KeyCheck:
 
 def shaped(environ: dict, resp: Response) -> Response:
     """A refusal of the door in its route's error shape (Anthropic's on /v1/messages)."""
-    return dialects.anthropic_errors(resp, environ.get("PATH_INFO", ""))
+    return dialects.shaped(resp, environ.get("PATH_INFO", ""))
 
 
 def before():
@@ -106,8 +106,9 @@ def before():
 
 
 def after(resp: Response) -> Response:
-    """Every answer: in Anthropic's error shape on /v1/messages, then counted."""
-    resp = dialects.anthropic_errors(resp, request.path)
+    """Every answer: in its dialect's error shape (Anthropic's on /v1/messages),
+    then counted."""
+    resp = dialects.shaped(resp, request.path)
     env = request.environ
     return current_app.extensions["proxy"]["metrics"].observe(
         resp, request, env.get(T0), env.get(MODEL, NOT_READ))

@@ -23,16 +23,19 @@ from prometheus_client import Counter, Histogram
 from common import guard
 from common import metrics as common
 from common import sse
+from common.dialects import WIRES, count, openai_usage
 
 from .progress import SENDING
 from .search.searxng import FAILURE_KINDS
 
 log = logging.getLogger("proxy.metrics")
 
-# Routes whose successful answers carry generated tokens.
-TOKEN_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages",
-                          "/v1/responses"})
-_V1_ROUTES = {"chat", "completions", "embeddings", "models", "responses", "messages"}
+# Routes whose successful answers carry generated tokens -> their usage reader.
+TOKEN_ROUTES: dict[str, Callable] = {**{w.path: w.usage for w in WIRES},
+                                     "/v1/completions": openai_usage}
+# The first part under /v1/ of a labelled route -> its label.
+_V1_ROUTES = {**{w.path.split("/")[2]: w.path for w in WIRES},
+              **{r: "/v1/" + r for r in ("completions", "embeddings", "models")}}
 _OWN_ROUTES = {"load", "unload", "running", "upstream", "logs", "healthz", "metrics",
                "events", "models"}
 # Non-streamed answers larger than this are not parsed for usage.
@@ -43,9 +46,7 @@ def route_label(path: str) -> str:
     """Bounded metric label for a path."""
     parts = path.strip("/").split("/")
     if parts[0] == "v1":
-        if len(parts) > 1 and parts[1] in _V1_ROUTES:
-            return "/v1/" + ("chat/completions" if parts[1] == "chat" else parts[1])
-        return "/v1/other"
+        return _V1_ROUTES.get(parts[1], "/v1/other") if len(parts) > 1 else "/v1/other"
     if parts[0] in _OWN_ROUTES:
         return "/" + parts[0]
     return "other"
@@ -141,7 +142,8 @@ class Metrics:
         answer = None
         if route in TOKEN_ROUTES and resp.status_code == 200:
             # The handler has read the body: this is Werkzeug's cached copy.
-            answer = _Answer(self, t0, request.get_data() if model is NOT_READ else model)
+            answer = _Answer(self, t0, request.get_data() if model is NOT_READ else model,
+                             TOKEN_ROUTES[route])
         rec = request.environ.get(ACTIVITY) if self._activity is not None else None
         if rec is not None:
             rec.update(status=resp.status_code, model=None if model is NOT_READ else short(model),
@@ -279,17 +281,18 @@ class Metrics:
 
 
 class _Answer:
-    """What a successful answer's body says about its model and tokens. Works for
-    chat/completions, Anthropic Messages and Responses shapes, streamed or not:
-    the last value of each usage field wins (streams repeat or grow them)."""
+    """What a successful answer's body says about its model and tokens, in its
+    route's dialect (`usage`: the dialect's reader, common/dialects.py), streamed or
+    not: the last value of each usage field wins (streams repeat or grow them)."""
 
-    __slots__ = ("metrics", "t0", "requested", "model", "prompt", "completion",
+    __slots__ = ("metrics", "t0", "requested", "usage", "model", "prompt", "completion",
                  "per_second", "timed_prompt", "timed_completion", "first_data", "last_data",
                  "ended", "rate", "first_token", "label")
 
-    def __init__(self, metrics: Metrics, t0: float, requested: bytes | str | None):
+    def __init__(self, metrics: Metrics, t0: float, requested: bytes | str | None,
+                 usage: Callable = openai_usage):
         # requested: the model the request named, or its body to read it from
-        self.metrics, self.t0, self.requested = metrics, t0, requested
+        self.metrics, self.t0, self.requested, self.usage = metrics, t0, requested, usage
         self.model = self.prompt = self.completion = self.per_second = None
         self.timed_prompt = self.timed_completion = None
         self.first_data = self.last_data = None
@@ -330,7 +333,7 @@ class _Answer:
                 self.model = holder["model"]
             usage = holder.get("usage")
             if isinstance(usage, dict):
-                p, c = _usage(usage)
+                p, c = self.usage(usage)
                 self.prompt = p if p is not None else self.prompt
                 self.completion = c if c is not None else self.completion
         timings = obj.get("timings")        # llama.cpp: also in streams without usage
@@ -338,9 +341,9 @@ class _Answer:
             rate = timings.get("predicted_per_second")
             if isinstance(rate, (int, float)) and rate > 0:
                 self.per_second = float(rate)
-            n, cached = _int(timings.get("prompt_n")), _int(timings.get("cache_n")) or 0
+            n, cached = count(timings.get("prompt_n")), count(timings.get("cache_n")) or 0
             self.timed_prompt = None if n is None else n + cached
-            self.timed_completion = _int(timings.get("predicted_n"))
+            self.timed_completion = count(timings.get("predicted_n"))
 
     def done(self) -> None:
         if self.ended:
@@ -385,22 +388,6 @@ def _requested_model(body: bytes) -> str | None:
         return None
     model = obj.get("model") if isinstance(obj, dict) else None
     return model if isinstance(model, str) and model else None
-
-
-def _usage(usage: dict) -> tuple[int | None, int | None]:
-    """(prompt, completion) tokens of an OpenAI, Anthropic or Responses usage object."""
-    if "prompt_tokens" in usage or "completion_tokens" in usage:
-        return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
-    prompt = _int(usage.get("input_tokens"))
-    if prompt is not None:
-        # Anthropic counts cached prompt tokens apart; Responses has no such keys.
-        prompt += (_int(usage.get("cache_read_input_tokens")) or 0) + \
-            (_int(usage.get("cache_creation_input_tokens")) or 0)
-    return prompt, _int(usage.get("output_tokens"))
-
-
-def _int(v) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
 def _has_text(obj: dict) -> bool:

@@ -52,8 +52,7 @@ def root():
     """The base URL itself: Claude Code sends `HEAD <ANTHROPIC_BASE_URL>` when it
     starts (a reachability check); a 404 there reads as a broken endpoint."""
     return {"status": "ok", "service": "proxy",
-            "endpoints": ["/v1/chat/completions", "/v1/messages", "/v1/responses",
-                          "/v1/models"]}
+            "endpoints": [d.wire.path for d in dialects.ALL] + ["/v1/models"]}
 
 
 @bp.get("/metrics")
@@ -63,32 +62,24 @@ def metrics():
 
 # ------------------------------------------------------------ the dialects
 
-@bp.post("/v1/chat/completions")
-def chat():
-    return dialects.handle(dialects.CHAT, parts(), request)
+def _serving(d: dialects.Dialect):
+    def view():
+        return dialects.handle(d, parts(), request)
+    return view
 
 
-# Anthropic Messages (Claude Code) and OpenAI Responses (Codex). /v1/v1/messages:
-# the anthropic SDK appends /v1/messages to its base URL, so base_url=<proxy>/v1
-# (the form the OpenAI SDK wants) must work too.
-@bp.post("/v1/messages")
-@bp.post("/v1/v1/messages")
-def messages():
-    return dialects.handle(dialects.MESSAGES, parts(), request)
-
-
-@bp.post("/v1/responses")
-def responses():
-    return dialects.handle(dialects.RESPONSES, parts(), request)
+# Each dialect's routes (Anthropic's /v1/v1/messages too: common/dialects.py).
+for _d in dialects.ALL:
+    _view = _serving(_d)
+    for _path in _d.paths:
+        bp.add_url_rule(_path, _d.name, _view, methods=["POST"])
 
 
 # ------------------------------------------------------------ pass-through
 
 @bp.route("/v1/<rest:rest>", methods=ALL_METHODS)
 def passthrough(rest=None):
-    target = guard.raw_target(request.environ)
-    if target.startswith(dialects.MESSAGES_PATHS[1]):      # anthropic SDK, base_url=.../v1
-        target = target[3:]
+    target = _unaliased(guard.raw_target(request.environ))
     path, _, query = target.partition("?")
     data = request.get_data() if request.method not in ("GET", "HEAD") else None
     r = parts()["upstream"].request(request.method, path, query=query,
@@ -99,6 +90,16 @@ def passthrough(rest=None):
         # A listed request's stream (/v1/completions): its queue wait noted.
         return relay(r, body=noting_waits(iter_upstream(r), request.environ))
     return relay(r)
+
+
+def _unaliased(target: str) -> str:
+    """A path under a dialect's alias (/v1/v1/messages/count_tokens: the anthropic
+    SDK with base_url=.../v1) under its route instead."""
+    for d in dialects.ALL:
+        for alias in d.paths[1:]:
+            if target.startswith(alias):
+                return d.wire.path + target[len(alias):]
+    return target
 
 
 for _i, _rule in enumerate(ADMIN_ROUTES):

@@ -23,21 +23,17 @@ import re
 from dataclasses import dataclass
 
 from common import guard
+from common.dialects import WIRES
 from common.errors import ApiError
 
-# path under /v1/ (a regex) -> methods a backend answers on it.
+# path under /v1/ (a regex) -> methods a backend answers on it: the dialects'
+# (common/dialects.py) and the other OpenAI-style paths.
 V1_ROUTES: dict[str, frozenset[str]] = {
     r"models": frozenset({"GET"}),             # answered by the swapper itself
     r"models/.+": frozenset({"GET"}),
-    r"chat/completions": frozenset({"POST"}),
+    **{p: m for w in WIRES for p, m in w.backend.items()},
     r"completions": frozenset({"POST"}),
     r"embeddings": frozenset({"POST"}),
-    r"responses": frozenset({"POST"}),
-    r"responses/[^/]+": frozenset({"GET", "DELETE"}),
-    r"responses/[^/]+/cancel": frozenset({"POST"}),
-    r"responses/input_tokens": frozenset({"POST"}),
-    r"messages": frozenset({"POST"}),
-    r"messages/count_tokens": frozenset({"POST"}),
     r"rerank": frozenset({"POST"}),
     r"reranking": frozenset({"POST"}),
     r"score": frozenset({"POST"}),
@@ -45,6 +41,8 @@ V1_ROUTES: dict[str, frozenset[str]] = {
     r"audio/transcriptions": frozenset({"POST"}),
     r"audio/translations": frozenset({"POST"}),
 }
+# route -> the body's key holding its conversation (where images are looked for)
+_CONVERSATION = {r: key for w in WIRES for r, key in w.conversation.items()}
 _COMPILED = [(re.compile(p + r"/?"), p, m) for p, m in V1_ROUTES.items()]
 # Multipart uploads: the model is not read from them (it goes to the resident model).
 _NOT_JSON = ("audio/transcriptions", "audio/translations")
@@ -184,12 +182,10 @@ _IMAGE_PARTS = {"image_url", "input_image", "image"}
 
 
 def _has_images(route: str, payload: dict) -> bool:
-    if route == "chat/completions" or route.startswith("messages"):
-        items = payload.get("messages")
-    elif route == "responses":
-        items = payload.get("input")
-    else:
+    key = _CONVERSATION.get(route)
+    if key is None:
         return False
+    items = payload.get(key)
     if not isinstance(items, list):
         return False
     for item in items:

@@ -1,16 +1,13 @@
 """The client dialects: chat completions, Anthropic Messages (`/v1/messages`) and
-OpenAI Responses (`/v1/responses`), each a module of the same shape:
-
-    parse(raw) -> body                    validated, or ApiError(400)
-    system_prompt(body, text) -> bool     the operator's system prompt (text(): lazily)
-    search_tool(body, settings) -> (tool settings | None, body changed)
-    FLOOR_KEYS                            the limits the tool token floor raises
-    straight_stream / straight_whole      the backend's answer when we run no search
-    *Adapter                              the search rounds' adapter (base.Adapter)
+OpenAI Responses (`/v1/responses`), each a module of this package that declares
+its DIALECT (base.Dialect: its wire facts, common/dialects.Wire, with its parser,
+its changes, its straight relays, its search adapter and its progress events).
+ALL is every declared one, found here, in the order of common/dialects.WIRES; the
+routes, the error shapes, the metrics and the activity list read them.
 
 `handle(dialect, request)` serves one request: the agent fixes (proxy/agents.py;
-Codex's namespace tools made plain: responses.flatten), our own changes after them,
-then the search rounds (proxy/search/rounds.py) or the body straight to the
+Codex's namespace tools made plain: the dialect's flatten), our own changes after
+them, then the search rounds (proxy/search/rounds.py) or the body straight to the
 backend, which speaks the dialect itself.
 
 Either way, a backend's error an agent can act on (a chat-template exception, a
@@ -19,18 +16,19 @@ a stream whose backend has not sent its head within KEEPALIVE_INTERVAL starts at
 once and carries SSE comments until the first event (an error after that is the
 dialect's error event, its message the same). Every streamed answer passes
 progress.kept_in_progress: the comments before its first event come with the
-dialect's progress events, which agents' idle timers count; progress.strip takes
-ours out of a conversation an agent sends back.
+dialect's progress events, which agents' idle timers count; the dialect's
+Progress.strip takes ours out of a conversation an agent sends back.
 """
 from __future__ import annotations
 
+import importlib
 import json
-from dataclasses import dataclass
-from types import ModuleType
+import pkgutil
 
 from flask import Response
 
 from common import guard, sse
+from common.dialects import WIRES, wire_of
 from common.errors import ApiError
 from common.failures import message_of
 from common.streaming import forward_headers, relay, sse_response
@@ -41,7 +39,7 @@ from ..search import rounds
 from ..search.engine import TOOL_NAME
 
 from ..upstream import Background, kept_alive, streamed, waited
-from . import anthropic, chat, responses
+from .base import Dialect
 
 try:
     from .. import agents
@@ -50,42 +48,44 @@ except ModuleNotFoundError as e:        # not written yet: no agent fixes
         raise
     agents = None
 
-MESSAGES_PATHS = ("/v1/messages", "/v1/v1/messages")
 
 
-@dataclass(frozen=True)
-class Dialect:
-    name: str                   # agents.fix's name for it
-    module: ModuleType
-    adapter: type
+def _declared() -> tuple[Dialect, ...]:
+    """Every DIALECT the modules of this package declare, in WIRES' order (a Wire
+    without its module is an error here, at import)."""
+    found = {}
+    for info in pkgutil.iter_modules(__path__):
+        d = getattr(importlib.import_module(f"{__name__}.{info.name}"), "DIALECT", None)
+        if isinstance(d, Dialect):
+            found[d.name] = d
+    return tuple(found[w.name] for w in WIRES)
 
 
-CHAT = Dialect("chat", chat, chat.ChatAdapter)
-MESSAGES = Dialect("messages", anthropic, anthropic.MessagesAdapter)
-RESPONSES = Dialect("responses", responses, responses.ResponsesAdapter)
+ALL = _declared()
+BY_NAME = {d.name: d for d in ALL}
 
 
 def handle(d: Dialect, parts: dict, request) -> Response:
-    settings, catalog, m = parts["settings"], parts["catalog"], d.module
+    settings, catalog = parts["settings"], parts["catalog"]
     raw = request.get_data()
-    body = m.parse(raw)
+    body = d.parse(raw)
     model = body.get("model") if isinstance(body.get("model"), str) else None
     request.environ[MODEL] = model                   # for the metrics: no second parse
     info = _Lazy(lambda: catalog.lookup(model))
-    changed = progress.strip(d.name, body)          # our wait's progress: never the model's
+    changed = d.progress.strip(body)        # our wait's progress: never the model's
     changed |= bool(agents and agents.fix(d.name, body, info()))
     # tools the backend cannot see as they came (Codex's namespaces): plain ones
-    names = m.flatten(body) if hasattr(m, "flatten") else {}
+    names = d.flatten(body)
     changed |= bool(names)
     # Our own changes come after the agent's, the same every turn (a stable prefix).
     if settings.INJECT_SYSTEM:
-        changed |= m.system_prompt(
+        changed |= d.system_prompt(
             body, lambda: info().get("system_prompt") or settings.SYSTEM_PROMPT)
     own = bool(body.get("tools"))       # the client's tools, before ours
-    tool, stripped = m.search_tool(body, settings) if own or \
-        not _small(body, m, settings, info) else (None, False)
+    tool, stripped = d.search_tool(body, settings) if own or \
+        not _small(body, d, settings, info) else (None, False)
     changed |= stripped
-    changed |= _budget(m, body, own and bool(body.get("tools")), settings, info)
+    changed |= _budget(d, body, own and bool(body.get("tools")), settings, info)
     stream = bool(body.get("stream"))
     if tool is not None:
         ad = d.adapter(body, tool, parts, request)
@@ -97,13 +97,13 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     data = guard.dumps(body) if changed else raw
 
     def call():         # may run beside the request: no `request` in here
-        return parts["upstream"].request("POST", m.PATH, headers=headers, data=data,
+        return parts["upstream"].request("POST", d.wire.path, headers=headers, data=data,
                                          stream=True, environ=environ, read_body=not stream)
     if not stream:
         r = call()
         if r.status_code >= 400:
             return error_answer(r)
-        content = m.straight_whole(r.content, names)
+        content = d.straight_whole(r.content, names)
         r.close()
         return Response(content, status=r.status_code, headers=forward_headers(r.headers))
     interval = settings.KEEPALIVE_INTERVAL
@@ -111,12 +111,12 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     if not task.wait(interval):
         # No head from the backend yet (llama-server sends it with the first
         # token, after the prefill): the stream starts now, kept alive.
-        return _in_progress(d, body, sse_response(_late(m, task, body, environ, interval,
+        return _in_progress(d, body, sse_response(_late(d, task, body, environ, interval,
                                                         names)), settings, environ)
     r = task.result()
     if r.status_code != 200:
         return error_answer(r)
-    return _in_progress(d, body, relay(r, body=m.straight_stream(
+    return _in_progress(d, body, relay(r, body=d.straight_stream(
         kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body, names)),
         settings, environ)
 
@@ -126,19 +126,19 @@ def _in_progress(d: Dialect, body: dict, resp: Response, settings, environ) -> R
     timer counts, until its first event (proxy/progress.py): the one place every
     streamed answer passes, whatever made it."""
     if settings.WAIT_PROGRESS and resp.status_code == 200 and resp.is_streamed and \
-            resp.mimetype == "text/event-stream" and progress.wanted(d.name, body, environ):
-        resp.response = progress.kept_in_progress(d.name, body, resp.response, environ)
+            resp.mimetype == "text/event-stream" and d.progress.wanted(body, environ):
+        resp.response = progress.kept_in_progress(d.progress, body, resp.response, environ)
     return resp
 
 
-def _budget(m, body: dict, own_tools: bool, settings, info) -> bool:
+def _budget(d: Dialect, body: dict, own_tools: bool, settings, info) -> bool:
     """The client's own budget, as it asked (before our tool is added: the stack's
     own tool never raises it): the floor when the client's own tools are present
     (a tool call cut mid-argument is a 500 it cannot act on), and a limit above the
     model's context clamped to it where the backend would refuse it (vLLM refuses
     `max_tokens` > max_model_len and clamps a smaller one to what the prompt leaves
     itself). True when the body changed."""
-    keys = m.FLOOR_KEYS
+    keys = d.floor_keys
     if not any(isinstance(body.get(k), int) for k in keys):
         return False
     changed = False
@@ -159,12 +159,12 @@ def refused_above(entry: dict) -> int | None:
     return ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None
 
 
-def _small(body: dict, m, settings, info) -> bool:
+def _small(body: dict, d: Dialect, settings, info) -> bool:
     """A request without tools of its own whose budget is below the floor (a title,
     a probe): it gets no tool of ours, which could only cut its answer or cost the
     time of a search it did not ask for. One that names web_search in `tool_choice`
     asks for it: it gets it (with its budget as it is)."""
-    limits = [body[k] for k in m.FLOOR_KEYS if isinstance(body.get(k), int)]
+    limits = [body[k] for k in d.floor_keys if isinstance(body.get(k), int)]
     if not limits or _names_search(body.get("tool_choice")):
         return False
     floor = info().get("max_tokens_floor") or settings.TOOL_MAX_TOKENS_FLOOR
@@ -178,7 +178,7 @@ def _names_search(tc) -> bool:
     return (fn.get("name") if isinstance(fn, dict) else tc.get("name")) == TOOL_NAME
 
 
-def _late(m, task, body, environ, interval, names):
+def _late(d: Dialect, task, body, environ, interval, names):
     """A stream whose backend had not answered its head within one keep-alive
     interval: comments until it does, then its events, or its error as the
     dialect's error event (the status is sent already)."""
@@ -187,14 +187,14 @@ def _late(m, task, body, environ, interval, names):
         r = yield from waited(task, interval, sse.KEEPALIVE)
     except ApiError as e:
         if e.status != 499:               # a client gone hears nothing
-            yield m.stream_error(e.message, e.status, e.code or "upstream_error")
+            yield d.stream_error(e.message, e.status, e.code or "upstream_error")
         return
     if r.status_code != 200:
         status, raw = backend_error(r.status_code, r.content)
         r.close()
-        yield m.stream_error(message_of(raw, status), status, error_code(raw))
+        yield d.stream_error(message_of(raw, status), status, error_code(raw))
         return
-    yield from m.straight_stream(
+    yield from d.straight_stream(
         kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body, names)
 
 
@@ -208,7 +208,7 @@ def backend_error(status: int, raw: bytes) -> tuple[int, bytes]:
 
 def error_answer(r) -> Response:
     """A backend's whole answer (an error: in the shape backend_error gives it;
-    the after-hook makes it Anthropic's on /v1/messages)."""
+    the after-hook puts it in the dialect's shape: shaped)."""
     content = r.content
     r.close()
     if r.status_code >= 400:
@@ -238,11 +238,13 @@ class _Lazy:
         return self.value
 
 
-def anthropic_errors(resp: Response, path: str) -> Response:
-    """Errors on /v1/messages in Anthropic's shape, whoever raised them."""
-    if resp.status_code < 400 or resp.is_streamed or not path.startswith(MESSAGES_PATHS):
+def shaped(resp: Response, path: str) -> Response:
+    """An error on a dialect's route in the dialect's shape (Anthropic's on
+    /v1/messages), whoever raised it."""
+    if resp.status_code < 400 or resp.is_streamed:
         return resp
-    body = anthropic.to_anthropic_error(resp.get_data(), resp.status_code)
+    w = wire_of(path)
+    body = w.error(resp.get_data(), resp.status_code) if w and w.error else None
     if body is not None:
         resp.set_data(body)
         resp.mimetype = "application/json"

@@ -14,35 +14,25 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import uuid
 from typing import Iterable, Iterator
 
 from flask import Response
 
 from common import sse
+from common.dialects import MESSAGES
 from common.errors import ApiError, anthropic_error
-from common.failures import message_of
 
 from ..search import engine
 from ..search.engine import Search, Turn, cited, new_id
 
 from .. import progress
-from .base import TOOL_NAME, Adapter, event, parse_json_object, put_system, server_search
+from .base import (TOOL_NAME, Adapter, Dialect, event, parse_json_object, put_system,
+                   server_search)
 
 SERVER_TOOL_TYPES = ("web_search_20250305", "web_search_20260209")
 CUSTOM_TOOL = {"name": TOOL_NAME, "description": engine.TOOL_DESCRIPTION,
                "input_schema": engine.TOOL_PARAMETERS}
-
-
-def to_anthropic_error(raw: bytes, status: int) -> bytes | None:
-    """An error body (OpenAI envelope, or anything) in Anthropic's shape; None when it
-    already is."""
-    try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        obj = None
-    if isinstance(obj, dict) and obj.get("type") == "error" and isinstance(obj.get("error"), dict):
-        return None
-    return json.dumps(anthropic_error(message_of(raw, status), status)).encode()
 
 
 def stream_error(message: str, status: int, code: str = "") -> bytes:
@@ -92,7 +82,7 @@ def validate(body: dict) -> None:
             bad("tools.web_search: use allowed_domains or blocked_domains, not both")
 
 
-PATH = "/v1/messages"
+PATH = MESSAGES.path
 FLOOR_KEYS = ("max_tokens",)
 
 
@@ -257,9 +247,9 @@ class MessagesAdapter(Adapter):
         after the stream has begun) for a client that takes thinking blocks: a thinking
         block (at the client's next index) whose deltas Claude Code's idle timer counts
         (not pings); closed, signed progress.MARKER, when the round's events come, and
-        taken out of the history the client sends back (progress.strip)."""
+        taken out of the history the client sends back (Progress.strip)."""
         if not (self.streaming and self.started and self.searcher.rounds) or \
-                self.in_search or not progress.wanted("messages", self.body, self.environ):
+                self.in_search or not Progress.wanted(self.body, self.environ):
             return PING
         delta = event("content_block_delta", {
             "type": "content_block_delta", "index": self.nxt,
@@ -530,3 +520,123 @@ class MessagesAdapter(Adapter):
 
     def fail(self, message: str, status: int, code: str) -> bytes:
         return self._resume() + event("error", anthropic_error(message, status))
+
+
+# ================================================================= progress
+
+class Progress(progress.Progress):
+    """A waiting stream's progress, for a client that takes thinking blocks
+    (`wanted`): `message_start`, then a `thinking` block (index 0) whose deltas say
+    what the request waits for. Claude Code's idle timer counts every event but
+    `ping` (its stream watchdog). When the backend's first event comes, the block
+    ends with the signature progress.MARKER, the backend's `message_start` is left
+    out (its usage goes to the `message_delta`) and every content block index after
+    it is one more. When the agent sends that turn back, `strip()` removes the
+    block: the prompt (and the backend's prompt cache) is exactly what it would
+    have been without the wait."""
+
+    def __init__(self, body: dict):
+        super().__init__(body)
+        self.model = body.get("model")
+        self.opened = False
+        self.last = None
+
+    @staticmethod
+    def wanted(body: dict, environ: dict) -> bool:
+        """Only a client that takes thinking blocks -- one that asked for thinking
+        (Claude Code sends `thinking: {"type": "adaptive"}`), or Claude Code itself
+        (its session header, its user agent: its small calls ask for no thinking) --
+        since a thinking block first would surprise a program that reads
+        `content[0].text`; other Messages clients get the comments only."""
+        thinking = body.get("thinking")
+        if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
+            return True
+        return bool(environ.get("HTTP_X_CLAUDE_CODE_SESSION_ID")) or \
+            str(environ.get("HTTP_USER_AGENT", "")).startswith("claude-cli/")
+
+    @staticmethod
+    def strip(body: dict) -> bool:
+        """Our progress block out of the conversation an agent sends back (an
+        assistant turn's thinking block signed MARKER); True when the body changed."""
+        changed = False
+        msgs = body.get("messages")
+        for m in msgs if isinstance(msgs, list) else ():
+            c = m.get("content") if isinstance(m, dict) and m.get("role") == "assistant" \
+                else None
+            if not isinstance(c, list) or not any(_ours(b) for b in c):
+                continue
+            m["content"] = [b for b in c if not _ours(b)]
+            changed = True
+        if changed:
+            body["messages"] = [m for m in msgs if not (isinstance(m, dict) and
+                                                        m.get("content") == [])]
+        return changed
+
+    def tick(self, text: str) -> bytes:
+        out = b""
+        if not self.opened:
+            self.opened = True
+            out = sse.event("message_start", {"type": "message_start", "message": {
+                "id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant",
+                "model": self.model, "content": [], "stop_reason": None,
+                "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}})
+            out += sse.event("content_block_start", {
+                "type": "content_block_start", "index": 0,
+                "content_block": {"type": "thinking", "thinking": "", "signature": ""}})
+            text = text or "waiting for the model"
+        words = text + "\n" if text and text != self.last else ""
+        if text:
+            self.last = text
+        return out + sse.event("content_block_delta", {
+            "type": "content_block_delta", "index": 0,
+            "delta": {"type": "thinking_delta", "thinking": words}})
+
+    def then(self, first: list[bytes], parser: sse.Parser, it) -> Iterator[bytes]:
+        """The backend's events after our block: its message_start left out (its usage
+        kept for the message_delta), every block index one more; the events of each
+        read in one write."""
+        self.usage: dict = {}
+        yield (sse.event("content_block_delta", {
+            "type": "content_block_delta", "index": 0,
+            "delta": {"type": "signature_delta", "signature": progress.MARKER}})
+            + sse.event("content_block_stop", {"type": "content_block_stop", "index": 0})
+            + b"".join(map(self._moved, first)))
+        for piece in it:
+            whole = parser.take(piece)
+            if whole:
+                yield b"".join(map(self._moved, sse.split(whole)))
+        rest = parser.rest()
+        if rest:
+            yield self._moved(rest)
+
+    def _moved(self, raw: bytes) -> bytes:
+        parsed = sse.json_event(raw)
+        if parsed is None:
+            return raw
+        ev, obj = parsed
+        kind = obj.get("type")
+        if kind == "message_start":
+            u = (obj.get("message") or {}).get("usage")
+            if isinstance(u, dict):
+                self.usage = {k: v for k, v in u.items() if k != "output_tokens"}
+            return b""
+        if kind in ("content_block_start", "content_block_delta", "content_block_stop") \
+                and isinstance(obj.get("index"), int):
+            obj["index"] += 1
+        elif kind == "message_delta" and self.usage:
+            u = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+            obj["usage"] = {**self.usage, **{k: v for k, v in u.items() if v is not None}}
+        else:
+            return raw
+        return sse.event(ev.name or kind, obj)
+
+
+def _ours(block) -> bool:
+    return isinstance(block, dict) and block.get("type") == "thinking" and \
+        block.get("signature") == progress.MARKER
+
+
+DIALECT = Dialect(MESSAGES, parse=parse, system_prompt=system_prompt, search_tool=search_tool,
+                  floor_keys=FLOOR_KEYS, straight_stream=straight_stream,
+                  straight_whole=straight_whole, stream_error=stream_error,
+                  adapter=MessagesAdapter, progress=Progress)

@@ -1,4 +1,5 @@
-"""What the three dialects' search adapters share: the round's backend call in the
+"""What the dialects share: the declared Dialect each module of this package makes
+of itself, and what their search adapters share: the round's backend call in the
 client's own dialect (watching the client), the request's Searcher, and the
 defaults of the protocol that proxy/search/rounds.py drives:
 
@@ -13,11 +14,15 @@ defaults of the protocol that proxy/search/rounds.py drives:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import requests
 
 from common import guard, sse
 from common.errors import ApiError
 from common.failures import message_of
+from common.dialects import Wire
 from common.sse import event
 from common.streaming import forward_headers
 
@@ -25,8 +30,44 @@ from ..search.engine import Searcher, TOOL_NAME
 from ..search.rounds import backend_error
 from ..upstream import kept_alive, watched
 
-__all__ = ["Adapter", "event", "TOOL_NAME", "parse_json_object", "put_system",
+__all__ = ["Adapter", "Dialect", "event", "TOOL_NAME", "parse_json_object", "put_system",
            "server_search"]
+
+
+def no_flattening(body: dict) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One client dialect, declared whole: what the wire knows of it (its routes,
+    error shape and usage reader, read by the swapper too: common/dialects.Wire)
+    and what the proxy does with it. Each module of this package declares its
+    DIALECT and the package finds them; the routes, the error shapes, the metrics
+    and the activity list read these objects, never a dialect by name, so a new
+    dialect is its module here and its Wire."""
+    wire: Wire
+    parse: Callable[[bytes], dict]          # the body, validated, or ApiError(400)
+    system_prompt: Callable                 # (body, text) -> bool: the operator's, text() lazily
+    search_tool: Callable                   # (body, settings) -> (tool settings | None, changed)
+    floor_keys: tuple[str, ...]             # the limits the tool token floor raises
+    straight_stream: Callable               # (chunks, body, names): the backend's stream
+    straight_whole: Callable                # (content, names): its whole answer (no search)
+    stream_error: Callable                  # (message, status, code): an error event ending it
+    adapter: type                           # the search rounds' (Adapter): its relay a table
+    progress: type                          # a waiting stream's events (progress.Progress)
+    # tools the backend cannot see as they came, made plain in place:
+    # {backend name: (namespace, name)} of those it changed
+    flatten: Callable[[dict], dict] = no_flattening
+
+    @property
+    def name(self) -> str:
+        """agents.fix's and the activity list's name for it."""
+        return self.wire.name
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return self.wire.paths
 
 
 def put_system(body: dict, key: str, text) -> bool:

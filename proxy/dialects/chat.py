@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import copy
 import json
+import time
+import uuid
 
 from flask import Response
 
 from common import guard, sse
+from common.dialects import CHAT
 from common.errors import ApiError, error_body
 
-from .. import normalize
+from .. import normalize, progress
 from ..search.engine import TOOL_DESCRIPTION, TOOL_PARAMETERS, Turn
 from ..search.rounds import backend_error
-from .base import TOOL_NAME, Adapter
+from .base import TOOL_NAME, Adapter, Dialect
 
-PATH = "/v1/chat/completions"
+PATH = CHAT.path
 FLOOR_KEYS = ("max_tokens", "max_completion_tokens")
 WEB_SEARCH_FUNCTION = {"name": TOOL_NAME, "description": TOOL_DESCRIPTION,
                        "parameters": TOOL_PARAMETERS}
@@ -489,3 +492,31 @@ class _ChatTurn(Turn):
 
 def _meaningful(delta: dict) -> bool:
     return any(v not in (None, "", [], {}) for v in delta.values())
+
+
+class Progress(progress.Progress):
+    """A waiting stream's progress: a role chunk, then chunks with an empty content
+    delta (`{"choices": [{"index": 0, "delta": {"content": ""}}]}`): Qwen Code,
+    OpenCode, Continue and Aider accept them and their timers count them; the
+    answer's text is unchanged."""
+
+    def __init__(self, body: dict):
+        super().__init__(body)
+        self.head = {"id": "chatcmpl-" + uuid.uuid4().hex[:24],
+                     "object": "chat.completion.chunk", "created": int(time.time()),
+                     "model": body.get("model") or ""}
+        self.opened = False
+
+    def tick(self, text: str) -> bytes:
+        delta = {"content": ""}
+        if not self.opened:
+            self.opened = True
+            delta = {"role": "assistant", "content": ""}
+        return sse.emit({**self.head, "choices": [
+            {"index": 0, "delta": delta, "finish_reason": None}]})
+
+
+DIALECT = Dialect(CHAT, parse=parse, system_prompt=system_prompt, search_tool=search_tool,
+                  floor_keys=FLOOR_KEYS, straight_stream=straight_stream,
+                  straight_whole=straight_whole, stream_error=stream_error,
+                  adapter=ChatAdapter, progress=Progress)

@@ -15,15 +15,19 @@ import copy
 import json
 import re
 import time
+import uuid
 
 from flask import Response
 
 from common import sse
+from common.dialects import RESPONSES
 from common.errors import ApiError
 
+from .. import progress
 from ..search import engine
 from ..search.engine import Search, Turn, new_id
-from .base import TOOL_NAME, Adapter, event, parse_json_object, put_system, server_search
+from .base import (TOOL_NAME, Adapter, Dialect, event, parse_json_object, put_system,
+                   server_search)
 
 SEARCH_TOOL_TYPES = ("web_search", "web_search_preview", "web_search_preview_2025_03_11",
                      "web_search_2025_08_26")
@@ -66,7 +70,7 @@ def validate(body: dict) -> None:
         bad("'max_output_tokens' must be a positive integer", "max_output_tokens")
 
 
-PATH = "/v1/responses"
+PATH = RESPONSES.path
 FLOOR_KEYS = ("max_output_tokens",)
 
 
@@ -545,3 +549,65 @@ class ResponsesAdapter(Adapter):
         r = {**self._head(), "status": "failed", "output": self.output,
              "error": {"code": code, "message": message}}
         return self.emit({"type": "response.failed", "response": r})
+
+
+# ================================================================= progress
+
+class Progress(progress.Progress):
+    """A waiting stream's progress: `response.created`, then `response.in_progress`
+    events (Codex's idle timer counts every event); the backend's own
+    `response.created` is left out."""
+
+    def __init__(self, body: dict):
+        super().__init__(body)
+        self.response = {"id": "resp_" + uuid.uuid4().hex[:24], "object": "response",
+                         "created_at": int(time.time()), "status": "in_progress",
+                         "model": body.get("model") or "", "output": []}
+        self.opened = False
+
+    def tick(self, text: str) -> bytes:
+        out = b""
+        if not self.opened:
+            self.opened = True
+            out = sse.event("response.created", {"type": "response.created",
+                                                  "response": self.response})
+        return out + sse.event("response.in_progress", {"type": "response.in_progress",
+                                                         "response": self.response})
+
+    def then(self, first: list[bytes], parser: sse.Parser, it) -> Iterator[bytes]:
+        """The backend's events, its response.created left out (ours went first) and
+        its lifecycle events (in_progress, completed, ...) under our response's id:
+        the OpenAI SDK refuses a stream whose response changes identity."""
+        yield b"".join(map(self._ours, first))
+        for piece in it:
+            whole = parser.take(piece)
+            if whole:
+                yield b"".join(map(self._ours, sse.split(whole))) \
+                    if _LIFECYCLE.search(whole) else whole
+        rest = parser.rest()
+        if rest:
+            yield self._ours(rest)
+
+    def _ours(self, raw: bytes) -> bytes:
+        if not _LIFECYCLE.search(raw):
+            return raw
+        parsed = sse.json_event(raw)
+        if parsed is None:
+            return raw
+        ev, obj = parsed
+        kind = obj.get("type")
+        if kind == "response.created":
+            return b""
+        if not kind or not isinstance(obj.get("response"), dict):
+            return raw
+        obj["response"]["id"] = self.response["id"]
+        return sse.event(ev.name or kind, obj)
+
+
+_LIFECYCLE = re.compile(rb'"response\.(?:created|queued|in_progress|completed|failed|incomplete)"')
+
+
+DIALECT = Dialect(RESPONSES, parse=parse, system_prompt=system_prompt, search_tool=search_tool,
+                  floor_keys=FLOOR_KEYS, straight_stream=straight_stream,
+                  straight_whole=straight_whole, stream_error=stream_error,
+                  adapter=ResponsesAdapter, progress=Progress, flatten=flatten)

@@ -313,17 +313,17 @@ def waits(monkeypatch):
     scripted model behind the Qwen3.5 template, its first request waiting before
     any answer (a long prefill: llama-server sends nothing until its first token).
     make(progress) -> the proxy's URL; the model; the Rendering; the strips made."""
-    from proxy import progress as prog
+    from proxy.dialects import anthropic
     from proxy.settings import Settings
     from tests.support.proxyproc import inprocess
     stripped = []
-    real = prog.strip
+    real = anthropic.Progress.strip
 
-    def strip(dialect, body):
-        changed = real(dialect, body)
+    def strip(body):
+        changed = real(body)
         stripped.append(changed)
         return changed
-    monkeypatch.setattr(prog, "strip", strip)
+    monkeypatch.setattr(anthropic.Progress, "strip", staticmethod(strip))
     rendering = Rendering()
     with FakeSearxng() as searx, ScriptedDialects() as model:
         model.responder = rendering

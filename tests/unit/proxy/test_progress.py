@@ -6,6 +6,7 @@ import json
 
 from common import sse
 from proxy import progress
+from proxy.dialects import BY_NAME
 
 WAIT = [b"", b": loading model m (3 s), ~10 s left\n\n", b": keep-alive\n\n",
         b": queue-wait 4.000\n\n"]
@@ -27,7 +28,8 @@ MESSAGES = [
 
 
 def run(dialect, pieces, body=None):
-    return b"".join(progress.kept_in_progress(dialect, body or {"model": "m"}, iter(pieces)))
+    return b"".join(progress.kept_in_progress(BY_NAME[dialect].progress, body or {"model": "m"},
+                                              iter(pieces)))
 
 
 def objs(raw: bytes) -> list[dict]:
@@ -105,7 +107,7 @@ def test_strip_leaves_the_turn_as_it_would_have_been():
                                       "content": "hello"}]}]}
     want = copy.deepcopy(body)
     want["messages"][1]["content"] = [mine] + turn
-    assert progress.strip("messages", body) is True
+    assert BY_NAME["messages"].progress.strip(body) is True
     assert body == want
-    assert progress.strip("messages", body) is False
-    assert progress.strip("chat", {"messages": []}) is False
+    assert BY_NAME["messages"].progress.strip(body) is False
+    assert BY_NAME["chat"].progress.strip({"messages": []}) is False
