@@ -232,6 +232,37 @@ def _joined(block: dict, key: str) -> str:
     return (block.get(key) or "") + "".join(block.get("_" + key, ()))
 
 
+# a delta's type -> (the block's growing field, the delta's field)
+_GROWS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "thinking"),
+          "input_json_delta": ("args", "partial_json")}
+
+
+class _Round:
+    """What one streamed round has told so far."""
+
+    def __init__(self):
+        self.blocks: dict[int, dict] = {}       # backend index -> block as it builds up
+        self.where: dict[int, int | None] = {}  # backend index -> client index (None: held)
+        self.usage: dict = {}                   # its usage, message_start's and message_delta's
+        self.over = self.failed = False         # it ended (message_stop, an error event)
+
+    def finished(self) -> list[dict]:
+        """The round's blocks, whole, in the backend's order."""
+        blocks = [self.blocks[i] for i in sorted(self.blocks)]
+        for b in blocks:
+            for key in ("text", "thinking"):
+                if "_" + key in b:
+                    b[key] = _joined(b, key)
+                    del b["_" + key]
+            args = b.pop("_args", [])
+            if b.get("type") == "tool_use":
+                try:
+                    b["input"] = json.loads("".join(args) or "{}")
+                except ValueError:
+                    b["input"] = {}
+        return blocks
+
+
 # ================================================================= the adapter
 
 PING = event("ping", {"type": "ping"})
@@ -405,111 +436,105 @@ class MessagesAdapter(Adapter):
 
     def relay(self, resp):
         """One backend stream's events, renumbered for the client (our tool_use
-        blocks held back); the round's Turn, or None when it ended the stream."""
+        blocks held back), each through its handler in ON; the round's Turn, or None
+        when it ended the stream."""
         self.streaming = True
-        blocks: dict[int, dict] = {}        # backend index -> block as it builds up
-        where: dict[int, int | None] = {}   # backend index -> client index (None: held)
         self.stop = {}
-        round_usage: dict = {}
-        ended = False
-        for batch in sse.json_batches(self.body_of(resp)):
-            sent = []                       # what this read makes: one write
-            for name, obj in batch:
-                if name == ":":             # a comment: keeps the client's wait alive
-                    sent.append(obj + self.keepalive if self.searcher.rounds else obj)
-                    continue
-                if self.paused:             # the round's first event: our block ends
-                    sent.append(self._resume())
-                t = obj.get("type") or name
-                if t == "error":
-                    err = obj.get("error") or {}
-                    sent.append(event("error", obj if obj.get("type") == "error" else
-                                      anthropic_error(str(err.get("message") or err), 502)))
-                    yield b"".join(sent)
-                    return None
-                if t == "message_start":
-                    m = obj.get("message") or {}
-                    u = m.get("usage") or {}
-                    round_usage.update(u)
-                    if not self.started:
-                        self.started = True
-                        m = {**m, "content": [],
-                             "usage": {**u, "server_tool_use": {"web_search_requests": 0}}}
-                        sent.append(event("message_start", {"type": "message_start",
-                                                            "message": m}))
-                elif t == "content_block_start":
-                    bi = obj.get("index", 0)
-                    b = copy.deepcopy(obj.get("content_block") or {})
-                    if b.get("type") == "tool_use":
-                        b["_args"] = [json.dumps(b["input"])] if b.get("input") else []
-                    blocks[bi] = b
-                    if b.get("type") == "tool_use" and b.get("name") == TOOL_NAME:
-                        where[bi] = None
-                        continue
-                    where[bi] = obj["index"] = self.nxt
-                    self.nxt += 1
-                    sent.append(event(t, obj))
-                elif t == "content_block_delta":
-                    bi = obj.get("index", 0)
-                    b = blocks.get(bi)
-                    if b is None:
-                        b = blocks[bi] = {"type": "text", "text": ""}
-                    d = obj.get("delta") or {}
-                    kind = d.get("type")
-                    if kind == "text_delta":
-                        _grow(b, "text", d.get("text"))
-                    elif kind == "thinking_delta":
-                        _grow(b, "thinking", d.get("thinking"))
-                    elif kind == "input_json_delta":
-                        b.setdefault("_args", []).append(d.get("partial_json") or "")
-                    if where.get(bi) is not None:
-                        obj["index"] = where[bi]
-                        sent.append(event(t, obj))
-                elif t == "content_block_stop":
-                    ci = where.get(obj.get("index", 0))
-                    if ci is None:
-                        continue
-                    b = blocks.get(obj.get("index", 0)) or {}
-                    for c in self._cited(b, _joined(b, "text")):
-                        sent.append(event("content_block_delta", {
-                            "type": "content_block_delta", "index": ci,
-                            "delta": {"type": "citations_delta", "citation": c}}))
-                    obj["index"] = ci
-                    sent.append(event(t, obj))
-                elif t == "message_delta":
-                    self.stop = obj.get("delta") or {}
-                    u = obj.get("usage") or {}
-                    self.out += u.get("output_tokens") or 0
-                    # input tokens come in message_start, or only here
-                    round_usage.update({k: v for k, v in u.items()
-                                        if k != "output_tokens" and v is not None})
-                elif t == "message_stop":
-                    ended = True
-                    break
-                elif t == "ping":
-                    sent.append(PING)
-            if sent:
-                yield b"".join(sent)
-            if ended:
-                break
+        rnd = _Round()
+        yield from self.events(resp, rnd)
+        if rnd.failed:
+            return None
         if not self.stop:
             yield self.fail("the upstream stream ended before message_delta", 502, "")
             return None
         self.cache = {}
-        self._round_usage(round_usage)
-        self.blocks = [blocks[i] for i in sorted(blocks)]
-        for b in self.blocks:
-            for key in ("text", "thinking"):
-                if "_" + key in b:
-                    b[key] = _joined(b, key)
-                    del b["_" + key]
-            args = b.pop("_args", [])
-            if b.get("type") == "tool_use":
-                try:
-                    b["input"] = json.loads("".join(args) or "{}")
-                except ValueError:
-                    b["input"] = {}
+        self._round_usage(rnd.usage)
+        self.blocks = rnd.finished()
         return turn_of(self.blocks, self.stop.get("stop_reason"))
+
+    def resumed(self) -> bytes:
+        """The round's first event ends our progress block (a later round's wait)."""
+        return self._resume()
+
+    def _message_start(self, rnd: "_Round", obj: dict, kind) -> bytes:
+        """The first round's, with our usage field; a later round's only its usage."""
+        m = obj.get("message") or {}
+        u = m.get("usage") or {}
+        rnd.usage.update(u)
+        if self.started:
+            return b""
+        self.started = True
+        m = {**m, "content": [], "usage": {**u, "server_tool_use": {"web_search_requests": 0}}}
+        return event("message_start", {"type": "message_start", "message": m})
+
+    def _block_start(self, rnd: "_Round", obj: dict, kind) -> bytes:
+        """A block at the client's next index; our tool_use blocks held back."""
+        bi = obj.get("index", 0)
+        b = copy.deepcopy(obj.get("content_block") or {})
+        if b.get("type") == "tool_use":
+            b["_args"] = [json.dumps(b["input"])] if b.get("input") else []
+        rnd.blocks[bi] = b
+        if b.get("type") == "tool_use" and b.get("name") == TOOL_NAME:
+            rnd.where[bi] = None
+            return b""
+        rnd.where[bi] = obj["index"] = self.nxt
+        self.nxt += 1
+        return event("content_block_start", obj)
+
+    def _block_delta(self, rnd: "_Round", obj: dict, kind) -> bytes:
+        bi = obj.get("index", 0)
+        b = rnd.blocks.get(bi)
+        if b is None:
+            b = rnd.blocks[bi] = {"type": "text", "text": ""}
+        d = obj.get("delta") or {}
+        grows = _GROWS.get(d.get("type")) if isinstance(d.get("type"), str) else None
+        if grows is not None:
+            _grow(b, grows[0], d.get(grows[1]))
+        if rnd.where.get(bi) is None:
+            return b""
+        obj["index"] = rnd.where[bi]
+        return event("content_block_delta", obj)
+
+    def _block_stop(self, rnd: "_Round", obj: dict, kind) -> bytes:
+        """A block's end, after the citations of its text."""
+        ci = rnd.where.get(obj.get("index", 0))
+        if ci is None:
+            return b""
+        b = rnd.blocks.get(obj.get("index", 0)) or {}
+        out = b"".join(event("content_block_delta", {
+            "type": "content_block_delta", "index": ci,
+            "delta": {"type": "citations_delta", "citation": c}})
+            for c in self._cited(b, _joined(b, "text")))
+        obj["index"] = ci
+        return out + event("content_block_stop", obj)
+
+    def _message_delta(self, rnd: "_Round", obj: dict, kind) -> bytes:
+        """The round's stop and usage, kept for the client's one message_delta."""
+        self.stop = obj.get("delta") or {}
+        u = obj.get("usage") or {}
+        self.out += u.get("output_tokens") or 0
+        # input tokens come in message_start, or only here
+        rnd.usage.update({k: v for k, v in u.items() if k != "output_tokens" and v is not None})
+        return b""
+
+    def _message_stop(self, rnd: "_Round", obj: dict, kind) -> bytes:
+        rnd.over = True
+        return b""
+
+    def _error(self, rnd: "_Round", obj: dict, kind) -> bytes:
+        """The backend's error event ends the client's stream."""
+        rnd.over = rnd.failed = True
+        err = obj.get("error") or {}
+        return event("error", obj if obj.get("type") == "error" else
+                     anthropic_error(str(err.get("message") or err), 502))
+
+    def _ping(self, rnd: "_Round", obj: dict, kind) -> bytes:
+        return PING
+
+    ON = {"message_start": _message_start, "content_block_start": _block_start,
+          "content_block_delta": _block_delta, "content_block_stop": _block_stop,
+          "message_delta": _message_delta, "message_stop": _message_stop,
+          "error": _error, "ping": _ping}
 
     def end(self, turn: Turn) -> bytes:
         return self._resume() + event("message_delta", {

@@ -147,3 +147,41 @@ class Adapter:
 
     def searching(self, calls) -> bytes:
         return self.keepalive
+
+    # ------------------------------------------------------------ a streamed round
+
+    # The relay of a streamed round as a table: event type -> handler(self, rnd, obj,
+    # type) -> the client's bytes for it; a type not in it goes to `other`.
+    ON: dict = {}
+
+    def other(self, rnd, obj: dict, kind) -> bytes:
+        """An event of a type the dialect has no handler for: dropped."""
+        return b""
+
+    def resumed(self) -> bytes:
+        """What goes before the round's next event, after our own progress (none)."""
+        return b""
+
+    def events(self, resp, rnd):
+        """The backend stream's events, each through its handler in ON (by its type);
+        the client's bytes of each read in one write, until a handler ends the round
+        (rnd.over). A comment keeps the client's wait alive: in a later round (the
+        stream has begun) with the dialect's keep-alive, which its timer counts."""
+        for batch in sse.json_batches(self.body_of(resp)):
+            sent = []                       # what this read makes: one write
+            for name, obj in batch:
+                if name == ":":
+                    sent.append(obj + self.keepalive if self.searcher.rounds else obj)
+                    continue
+                kind = obj.get("type") or name or ""
+                handler = self.ON.get(kind, type(self).other) if isinstance(kind, str) \
+                    else type(self).other
+                out = self.resumed() + handler(self, rnd, obj, kind)
+                if out:
+                    sent.append(out)
+                if rnd.over:
+                    break
+            if sent:
+                yield b"".join(sent)
+            if rnd.over:
+                return

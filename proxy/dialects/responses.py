@@ -304,6 +304,28 @@ def _detail(u: dict, key: str, field: str) -> int:
 
 
 
+def _item_key(obj: dict):
+    """The key of the item an event is about: its output_index, or (llama-server
+    sends none) its item's id; None: about no item."""
+    bi = obj.get("output_index")
+    if bi is None:
+        item = obj.get("item") if isinstance(obj.get("item"), dict) else {}
+        bi = item.get("id") or obj.get("item_id")
+    return bi
+
+
+class _Round:
+    """What one streamed round has told so far."""
+
+    def __init__(self, first: bool):
+        self.first = first          # the first round (its head is the client's)
+        self.where: dict = {}       # backend item key -> client index (None: held)
+        self.items: dict = {}       # backend item key -> the finished item
+        self.order: list = []       # backend item keys as they were added
+        self.done: dict | None = None   # its response.completed's response
+        self.over = self.failed = False
+
+
 class ResponsesAdapter(Adapter):
     path = PATH
     call_prefix = "ws_"
@@ -456,84 +478,99 @@ class ResponsesAdapter(Adapter):
 
     def relay(self, resp):
         """One backend stream's events, renumbered into the client's one response
-        (our function calls held back); the round's Turn, or None when it ended the
-        stream."""
+        (our function calls held back), each through its handler in ON; the round's
+        Turn, or None when it ended the stream."""
         self.streaming = True
-        first = self.searcher.rounds == 0
-        where: dict = {}              # backend item key -> client index (None: held)
-        items: dict = {}              # backend item key -> the finished item
-        order: list = []              # backend item keys as they were added
-        done = None
-        for batch in sse.json_batches(self.body_of(resp)):
-            sent = []                     # what this read makes: one write
-            for name, obj in batch:
-                if name == ":":          # a comment: keeps the client's wait alive,
-                    # in a later round (the stream has begun) with an event Codex counts
-                    sent.append(obj if first else obj + self.keepalive)
-                    continue
-                t = obj.get("type") or name or ""
-                if t in ("response.created", "response.in_progress"):
-                    if first:             # later rounds: the same one response
-                        if self.head is None:
-                            self.head = {k: v for k, v in (obj.get("response") or {}).items()
-                                         if k not in ("output", "usage")}
-                        obj["response"] = {**self.head, "output": []}
-                        sent.append(self.emit(obj))
-                    continue
-                if t in ("response.completed", "response.incomplete"):
-                    done = obj.get("response") or {}
-                    break
-                if t in ("response.failed", "error"):
-                    err = obj.get("error") or (obj.get("response") or {}).get("error") or obj
-                    sent.append(self.fail(str(err.get("message") or err)
-                                          if isinstance(err, dict) else str(err), 502,
-                                          "upstream_error"))
-                    yield b"".join(sent)
-                    return None
-                # the item's key: its output_index, or (llama-server sends none) its id
-                bi = obj.get("output_index")
-                if bi is None:
-                    item = obj.get("item") if isinstance(obj.get("item"), dict) else {}
-                    bi = item.get("id") or obj.get("item_id")
-                    if bi is None:
-                        continue
-                if t == "response.output_item.added":
-                    order.append(bi)
-                    if _is_ours(obj.get("item") or {}):
-                        where[bi] = None
-                        continue
-                    where[bi] = len(self.output) + sum(1 for v in where.values()
-                                                       if v is not None)
-                ci = where.get(bi)
-                if t == "response.output_item.done":
-                    items[bi] = item = obj.get("item") or {}
-                    if ci is not None:
-                        for pi, ai, a in annotate(item, self.searcher):
-                            sent.append(self.emit({
-                                "type": "response.output_text.annotation.added",
-                                "item_id": item.get("id"), "output_index": ci,
-                                "content_index": pi, "annotation_index": ai,
-                                "annotation": a}))
-                if ci is None:
-                    continue
-                obj.pop("sequence_number", None)
-                if t.startswith(("response.content_part.", "response.output_text.")):
-                    obj.setdefault("content_index", 0)
-                obj["output_index"] = ci
-                sent.append(self.emit(obj))
-            if sent:
-                yield b"".join(sent)
-            if done is not None:
-                break
+        rnd = _Round(first=self.searcher.rounds == 0)
+        yield from self.events(resp, rnd)
+        if rnd.failed:
+            return None
+        done = rnd.done
         if done is None:
             yield self.fail("the upstream stream ended before response.completed", 502,
                             "upstream_stream_truncated")
             return None
         self.last = done
         self._round_usage(done.get("usage"))
-        self.items = [items[k] for k in order if k in items] or done.get("output") or []
-        self.shown = [items[k] for k in order if k in items and where.get(k) is not None]
+        self.items = [rnd.items[k] for k in rnd.order if k in rnd.items] or \
+            done.get("output") or []
+        self.shown = [rnd.items[k] for k in rnd.order
+                      if k in rnd.items and rnd.where.get(k) is not None]
         return turn_of(self.items, done.get("status"))
+
+    def _opened(self, rnd: "_Round", obj: dict, kind: str) -> bytes:
+        """response.created, response.in_progress: the first round's, as our one
+        response (later rounds: the same one response, nothing new)."""
+        if not rnd.first:
+            return b""
+        if self.head is None:
+            self.head = {k: v for k, v in (obj.get("response") or {}).items()
+                         if k not in ("output", "usage")}
+        obj["response"] = {**self.head, "output": []}
+        return self.emit(obj)
+
+    def _completed(self, rnd: "_Round", obj: dict, kind: str) -> bytes:
+        """The round's end (response.completed or .incomplete): kept for end()."""
+        rnd.done = obj.get("response") or {}
+        rnd.over = True
+        return b""
+
+    def _failed(self, rnd: "_Round", obj: dict, kind: str) -> bytes:
+        """The backend's failure ends the client's stream, its message kept."""
+        rnd.over = rnd.failed = True
+        err = obj.get("error") or (obj.get("response") or {}).get("error") or obj
+        return self.fail(str(err.get("message") or err) if isinstance(err, dict) else
+                         str(err), 502, "upstream_error")
+
+    def _added(self, rnd: "_Round", obj: dict, kind: str) -> bytes:
+        """An item at the client's next output index; our function calls held back."""
+        bi = _item_key(obj)
+        if bi is None:
+            return b""
+        rnd.order.append(bi)
+        if _is_ours(obj.get("item") or {}):
+            rnd.where[bi] = None
+            return b""
+        rnd.where[bi] = len(self.output) + sum(1 for v in rnd.where.values() if v is not None)
+        return self._moved(rnd, obj, kind, bi)
+
+    def _item_done(self, rnd: "_Round", obj: dict, kind: str) -> bytes:
+        """An item whole: kept for the round, its citations annotated."""
+        bi = _item_key(obj)
+        if bi is None:
+            return b""
+        ci = rnd.where.get(bi)
+        rnd.items[bi] = item = obj.get("item") or {}
+        out = b""
+        if ci is not None:
+            for pi, ai, a in annotate(item, self.searcher):
+                out += self.emit({"type": "response.output_text.annotation.added",
+                                  "item_id": item.get("id"), "output_index": ci,
+                                  "content_index": pi, "annotation_index": ai,
+                                  "annotation": a})
+        return out + self._moved(rnd, obj, kind, bi)
+
+    def other(self, rnd: "_Round", obj: dict, kind: str) -> bytes:
+        """Any other event of an item (its content parts, text deltas...)."""
+        bi = _item_key(obj)
+        return b"" if bi is None else self._moved(rnd, obj, kind, bi)
+
+    def _moved(self, rnd: "_Round", obj: dict, kind: str, bi) -> bytes:
+        """An item's event at its client output index, numbered in the client's
+        stream (nothing for our held-back calls)."""
+        ci = rnd.where.get(bi)
+        if ci is None:
+            return b""
+        obj.pop("sequence_number", None)
+        if kind.startswith(("response.content_part.", "response.output_text.")):
+            obj.setdefault("content_index", 0)
+        obj["output_index"] = ci
+        return self.emit(obj)
+
+    ON = {"response.created": _opened, "response.in_progress": _opened,
+          "response.completed": _completed, "response.incomplete": _completed,
+          "response.failed": _failed, "error": _failed,
+          "response.output_item.added": _added, "response.output_item.done": _item_done}
 
     def end(self, turn: Turn) -> bytes:
         self.output += self.shown
