@@ -19,6 +19,7 @@ from typing import Callable
 
 from .errors import anthropic_error
 from .failures import message_of
+from .sse import emit
 
 POST = frozenset({"POST"})
 
@@ -36,6 +37,9 @@ class Wire:
     conversation: dict[str, str] = field(default_factory=dict)
     # an error body in the dialect's shape (None: it is already); None: the OpenAI envelope
     error: Callable[[bytes, int], bytes | None] | None = None
+    # (message, status, code) -> the event ending a stream with an error, as the
+    # swapper sends it (common/sse.error_event); None: the OpenAI envelope's
+    error_event: Callable[[str, int, str | None], bytes] | None = None
 
     @property
     def path(self) -> str:
@@ -78,6 +82,15 @@ def to_anthropic_error(raw: bytes, status: int) -> bytes | None:
     return json.dumps(anthropic_error(message_of(raw, status), status)).encode()
 
 
+def anthropic_error_event(message: str, status: int, code: str | None) -> bytes:
+    return b"event: error\n" + emit(anthropic_error(message, status))
+
+
+def responses_error_event(message: str, status: int, code: str | None) -> bytes:
+    return b"event: error\n" + emit({"type": "error", "code": code, "message": message,
+                                     "param": None})
+
+
 CHAT = Wire("chat", ("/v1/chat/completions",), openai_usage,
             backend={r"chat/completions": POST},
             conversation={"chat/completions": "messages"})
@@ -86,13 +99,13 @@ CHAT = Wire("chat", ("/v1/chat/completions",), openai_usage,
 MESSAGES = Wire("messages", ("/v1/messages", "/v1/v1/messages"), anthropic_usage,
                 backend={r"messages": POST, r"messages/count_tokens": POST},
                 conversation={"messages": "messages", "messages/count_tokens": "messages"},
-                error=to_anthropic_error)
+                error=to_anthropic_error, error_event=anthropic_error_event)
 RESPONSES = Wire("responses", ("/v1/responses",), responses_usage,
                  backend={r"responses": POST,
                           r"responses/[^/]+": frozenset({"GET", "DELETE"}),
                           r"responses/[^/]+/cancel": POST,
                           r"responses/input_tokens": POST},
-                 conversation={"responses": "input"})
+                 conversation={"responses": "input"}, error_event=responses_error_event)
 
 WIRES: tuple[Wire, ...] = (CHAT, MESSAGES, RESPONSES)
 

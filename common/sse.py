@@ -199,14 +199,14 @@ def json_events(chunks: Iterable[bytes]) -> Iterator[tuple[str | None, object]]:
 
 def error_event(path: str, message: str, status: int, code: str | None = None,
                 type_: str | None = None) -> bytes:
-    """The event that ends a stream with an error, in the stream's dialect:
-    Anthropic Messages (`event: error`), OpenAI Responses (`event: error`), or
-    chat/completions (`data: {"error": ...}`)."""
-    from .errors import anthropic_error, error_body
+    """The event that ends a stream with an error, in the stream's dialect (the
+    one whose route's last part `path` ends with: common/dialects.py): Anthropic
+    Messages (`event: error`), OpenAI Responses (`event: error`), or else
+    chat/completions' (`data: {"error": ...}`)."""
+    from .dialects import WIRES
+    from .errors import error_body
     p = path.strip("/")
-    if p.endswith("messages"):
-        return b"event: error\n" + emit(anthropic_error(message, status))
-    if p.endswith("responses"):
-        return b"event: error\n" + emit({"type": "error", "code": code, "message": message,
-                                         "param": None})
+    for w in WIRES:
+        if w.error_event is not None and p.endswith(w.path.rsplit("/", 1)[1]):
+            return w.error_event(message, status, code)
     return emit(error_body(message, status, type_, code))
