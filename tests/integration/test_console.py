@@ -6,6 +6,7 @@ A screenshot of each state goes to the test's tmp_path."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 
 import pytest
@@ -20,12 +21,23 @@ KEY = "console-test-key-3f9a"
 WAIT_MS = 90_000            # a CPU load on 2 shared cores, with room
 
 
+def quick_stop(sw: SwapperProcess) -> SwapperProcess:
+    """Its stops made gunicorn's quick shutdown (SIGINT: the worker leaves at once; the
+    swapper's exit clean-up still runs). A graceful one (SIGTERM) waits gunicorn's
+    graceful_timeout, 30 s, for the page's /events and /logs streams, which never end
+    while the page is open (the log follow not even once the proxy is gone: it waits on
+    Docker for the backend's next line), and was killed at ServiceProcess.stop's 30 s."""
+    sw.stop_signal = signal.SIGINT
+    return sw
+
+
 @pytest.fixture(scope="module")
 def swapper():
     import docker
     client = docker.from_env()
     client.ping()
     with SwapperProcess() as sw:
+        quick_stop(sw)
         yield sw
     assert stack_containers(client, sw.stack) == [], "a backend container leaked"
 
@@ -429,6 +441,7 @@ def test_download_on_first_use_in_the_page(page, tmp_path):
                            MODELS_MANIFEST=str(manifest), HF_ENDPOINT=hub.url,
                            KEEPALIVE_INTERVAL="0.5") as sw, \
             ProxyProcess(BACKEND_URL=sw.url, WEB_SEARCH="0") as px:
+        quick_stop(sw)
         page.goto(px.url + "/ui")
         page.wait_for_selector('#models tr[data-model="tiny-a"]', timeout=10_000)
         page.wait_for_function("() => document.getElementById('conn').textContent === 'live'",
