@@ -8,6 +8,12 @@ connection when the backend still runs, or after the crash is handled (the
 request queues again, and the model is started again). Anything else that
 fails is answered with an error of its cause (common.failures).
 
+A streamed request to a llama.cpp backend is sent asking for its prompt
+progress (swapper/progress.py, unless PREFILL_PROGRESS=0 or the client asked
+itself): its answer's progress chunks become SSE comments in words
+(`: processing the prompt: 4,096 of 18,112 tokens (22 %), ~41 s left`), the rest
+of the answer as llama-server sends it without progress.
+
 Every path ends the request's lease exactly once: `LeasedBody.close()` for a
 relayed answer (read to the end or not: HEAD never reads it), `open()` itself
 for a failure before the answer.
@@ -30,6 +36,7 @@ from common.streaming import (NO_BUFFERING, Relayed, answer_headers, forward_hea
 
 from .kvcache import ANSWER_TAIL
 from .lease import Admission, Lease, waiting_for
+from .progress import Relay
 from .runtime import with_backend_key
 from .settings import Settings
 
@@ -48,13 +55,17 @@ class Forwarder:
         return f"{lease.backend.url}/{path.lstrip('/')}" + (f"?{query}" if query else "")
 
     def forward(self, model: str, method: str, path: str, query: str, headers,
-                body: bytes | None, environ: dict, stream: bool = False) -> Relayed | Response:
+                body: bytes | None, environ: dict, stream: bool = False,
+                progress: bool = False) -> Relayed | Response:
         """The backend's answer to the request. A streamed request that has to
         wait (a load, a swap, a drain, the queue) is answered at once: an SSE
         stream of progress comments every KEEPALIVE_INTERVAL until the backend's
-        own events follow, or an error event ends it."""
+        own events follow, or an error event ends it. `progress`: the body asks
+        llama-server for its prompt progress (progress.ask), made comments here."""
+        words = path if progress else None
         if not stream:
-            return relay(*self.open(model, method, path, query, headers, body, environ))
+            return relay(*self.open(model, method, path, query, headers, body, environ),
+                         progress=words)
         (lease,) = self.admission.queue(model, environ)
         try:
             admitted = self.admission.wait(lease, environ, timeout=0.05)
@@ -63,13 +74,14 @@ class Forwarder:
             raise
         if admitted:
             return relay(*self.open(model, method, path, query, headers, body, environ,
-                                    lease=lease))
-        events = self._waiting_stream(lease, method, path, query, headers, body, environ)
+                                    lease=lease), progress=words)
+        events = self._waiting_stream(lease, method, path, query, headers, body, environ,
+                                      words)
         return Response(events, mimetype="text/event-stream", headers=NO_BUFFERING,
                         direct_passthrough=True)
 
     def _waiting_stream(self, lease: Lease, method: str, path: str, query: str, headers,
-                        body: bytes | None, environ: dict):
+                        body: bytes | None, environ: dict, progress: str | None = None):
         answer = None
         try:
             interval = self.settings.KEEPALIVE_INTERVAL
@@ -80,7 +92,7 @@ class Forwarder:
             yield queuewait.comment(lease.ticket.wait_seconds or 0.0)
             lease, upstream = self.open(lease.model, method, path, query, headers, body,
                                         environ, lease=lease)
-            answer = LeasedBody(lease, upstream)
+            answer = LeasedBody(lease, upstream, progress)
             if upstream.status_code != 200:
                 yield error_event(path, message_of(upstream.content, upstream.status_code),
                                   upstream.status_code,
@@ -146,12 +158,16 @@ class LeasedBody:
     """An upstream answer relayed chunk by chunk as it arrives. Its close()
     (called by the WSGI server whether or not the body was read) closes the
     upstream connection -- the backend stops generating for a client that left
-    -- and finishes the lease."""
+    -- and finishes the lease. `progress`: the request's path when it asked for
+    llama-server's prompt progress, whose chunks are made comments (progress.Relay)."""
 
-    def __init__(self, lease: Lease, upstream: requests.Response):
+    def __init__(self, lease: Lease, upstream: requests.Response, progress: str | None = None):
         self.lease = lease
         self.upstream = upstream
         self._started = False
+        self._progress = Relay(progress) if progress is not None \
+            and upstream.status_code == 200 and upstream.headers.get(
+                "content-type", "").startswith("text/event-stream") else None
         self._chunks = iter_upstream(upstream, on_close=self._ended, on_break=self._broke)
         # The first answer after a restore: its tail tells what the restore bought.
         kv = lease.kv
@@ -164,7 +180,19 @@ class LeasedBody:
 
     def __next__(self) -> bytes:
         self._started = True
-        chunk = next(self._chunks)
+        try:
+            chunk = next(self._chunks)
+        except StopIteration:
+            if self._progress is None:
+                raise
+            chunk, self._progress = self._progress.rest(), None
+            if not chunk:
+                raise
+        else:
+            if self._progress is not None:
+                chunk = self._progress.feed(chunk)
+                if self._progress.done:         # the prefill is over: bytes pass as they come
+                    self._progress = None
         if self._kv is not None:
             self._tail += chunk
             if len(self._tail) > 2 * ANSWER_TAIL:
@@ -201,9 +229,10 @@ class LeasedBody:
             self.lease.finish(self.upstream.status_code)
 
 
-def relay(lease: Lease, upstream: requests.Response) -> Relayed:
-    """The upstream's answer, its status and headers as they came, its body as it comes."""
+def relay(lease: Lease, upstream: requests.Response, progress: str | None = None) -> Relayed:
+    """The upstream's answer, its status and headers as they came, its body as it
+    comes (`progress`: see LeasedBody)."""
     headers = answer_headers(upstream)
     headers.update(NO_BUFFERING)
     headers[queuewait.HEADER] = queuewait.header_value(lease.ticket.wait_seconds or 0.0)
-    return Relayed(upstream.status_code, headers, LeasedBody(lease, upstream))
+    return Relayed(upstream.status_code, headers, LeasedBody(lease, upstream, progress))

@@ -20,6 +20,7 @@ from common.errors import ApiError
 from common.streaming import NO_BUFFERING
 
 from . import intake
+from . import progress as prefill
 from .fanout import FANOUT_PATHS, requested_n, serves_natively
 from .lease import OPERATOR, SESSION, Lease
 from .registry import ModelSpec
@@ -240,23 +241,29 @@ def v1(path: str):
     target = "v1/" + tail
     stream = payload is not None and payload.get("stream") is True
     headers = request.headers
+    progress = False
     if payload is not None:
         n = requested_n(payload, sw.settings.MAX_N) if f"v1/{path}" in FANOUT_PATHS else 1
-        if payload.get("model") != spec.id:
+        changed = payload.get("model") != spec.id
+        if changed:
             # Backends know the model by its id (vLLM: --served-model-name).
             payload["model"] = spec.id
-            body = guard.dumps(payload)
         if n > 1 and not serves_natively(spec, n):
             return sw.fanout.run(spec, target, query, headers, payload, n,
                                  request.environ)
+        # llama-server's prompt progress, made comments (swapper/progress.py).
+        progress = sw.settings.PREFILL_PROGRESS and prefill.ask(spec.kind, target, payload,
+                                                                stream)
+        if changed or progress:
+            body = guard.dumps(payload)
         if request.mimetype != "application/json":
             # A JSON body sent as a form (curl -d): tell the backend what it is.
             headers = {**dict(headers), "Content-Type": "application/json"}
-    return _pass_through(spec, target, query, body, headers, stream)
+    return _pass_through(spec, target, query, body, headers, stream, progress)
 
 
 def _pass_through(spec: ModelSpec, target: str, query: str, body: bytes, headers=None,
-                  stream: bool = False):
+                  stream: bool = False, progress: bool = False):
     return parts().forwarder.forward(spec.id, request.method, target, query,
                                      request.headers if headers is None else headers,
-                                     body or None, request.environ, stream)
+                                     body or None, request.environ, stream, progress)

@@ -70,6 +70,9 @@ class Settings:
     MAX_N: int = setting(8, min=1)
     # SSE comment interval while a streamed request waits (load, swap, queue).
     KEEPALIVE_INTERVAL: float = setting(5.0, min=0.05)
+    # A streamed request to a llama.cpp backend asks for its prompt progress, relayed
+    # as SSE comments in words (swapper/progress.py); 0: sent as the client sent it.
+    PREFILL_PROGRESS: bool = setting(True)
     PRELOAD: str | None = setting(None)         # loaded when the swapper starts
     IDLE_MODEL: str | None = setting(None)   # swapped back in after an idle_ttl
     # llama.cpp prompt caches saved when a backend stops, restored when it is next
