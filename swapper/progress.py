@@ -28,12 +28,17 @@ case the HTTP head comes before any token (when the slot takes the request).
 So, when PREFILL_PROGRESS is on, a streamed request to a llama.cpp backend on one
 of the three paths above whose client did not ask for `return_progress` itself is
 sent with it (`ask`), and its answer is relayed through `Relay`: each event that
-carries `prompt_progress` becomes an SSE comment in words, the same kind of
-comment the swapper sends while a request waits for a load or the queue:
+carries `prompt_progress` after a batch, before the last, becomes an SSE comment
+in words, the same kind of comment the swapper sends while a request waits for a
+load or the queue:
 
     : processing the prompt: 4,096 of 18,112 tokens (22 %), 3,000 from cache, ~41 s left
 
-and the chunk itself never reaches the client: the events after the comments are
+The report at the start (nothing processed yet) and the last one (the first token
+follows at once) say nothing: a prompt processed in one batch, a fast one, gets
+no comment and reaches the proxy as it did without progress (the proxy shows a
+wait only for a stream that begins with a comment). Every chunk that carries
+progress, said or not, never reaches the client: the events after the comments are
 the bytes llama-server sends without progress (Responses: its early
 `response.created` and the first `response.in_progress`, without the field, are
 held back and go just before the first event after the prefill, where they come
@@ -65,6 +70,17 @@ def ask(kind: str, target: str, payload: dict | None, stream: bool) -> bool:
         return False
     payload[FIELD] = True
     return True
+
+
+def midway(progress) -> bool:
+    """Whether a report is worth a comment: one after a batch, before the last. The
+    report at the start (nothing processed yet) and the last one (the first token
+    follows at once) are not: a prompt done in one batch gets no comment, so its
+    stream reaches the proxy as it did without progress (no wait to show)."""
+    try:
+        return int(progress["cache"]) < int(progress["processed"]) < int(progress["total"])
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def words(progress: dict) -> str | None:
@@ -131,7 +147,7 @@ class Relay:
                 self.held.append(raw)
                 return b""
             return self._first(raw)
-        said = words(progress) if isinstance(progress, dict) else None
+        said = words(progress) if midway(progress) else None
         note = sse.comment(said) if said else b""
         if self.responses and obj.get("type") == "response.in_progress" \
                 and not self.kept_in_progress:

@@ -67,10 +67,11 @@ def test_a_streamed_prefill_says_how_far_it_is_and_the_answer_is_as_without(swap
                  if ev.data and '"content":"' in ev.data)
     said = [(t, COUNTS.match(ev.raw.decode())) for t, ev in events[:first]
             if ev.data is None and ev.raw.startswith(b": processing")]
-    assert len(said) >= 4, raw[:2000]
+    assert len(said) >= 3, raw[:2000]
     total = int(said[0][1].group(2).replace(",", ""))
     done = [int(m.group(1).replace(",", "")) for _, m in said]
-    assert done == sorted(done) and done[-1] == total and total > 300
+    # one per 64-token batch, the start's and the last report left unsaid
+    assert done == list(range(64, total, 64)) and total > 300
     prompt_n = next(json.loads(ev.data)["timings"]["prompt_n"] for _, ev in events
                     if ev.data and '"timings"' in ev.data)
     assert prompt_n == total                      # the real count: all of it processed
@@ -124,7 +125,7 @@ def test_through_the_proxy_the_words_come_with_each_dialects_progress(swapper, p
     words = [i for i, (_, ev) in enumerate(events) if ev.raw.startswith(b": processing")]
     first = next(i for i, (_, ev) in enumerate(events)
                  if ev.data and re.search(r'"content":"[^"]', ev.data))
-    assert len(words) >= 4 and words[-1] < first
+    assert len(words) >= 3 and words[-1] < first
     empty = [ev for _, ev in events[:first] if ev.data and '"content":""' in ev.data]
     assert len(empty) >= len(words)                 # the chunks agents' timers count
 

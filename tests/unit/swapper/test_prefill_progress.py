@@ -96,12 +96,24 @@ def test_chat_progress_chunks_become_comments_and_the_answer_is_as_without(size)
     out = relayed("v1/chat/completions", CHAT, size)
     assert b"prompt_progress" not in out
     assert without_comments(out) == CHAT_ANSWER             # bytes as without progress
+    # the start's report and the last (the first token follows at once) say nothing
     assert comments(out) == [
-        "processing the prompt: 0 of 6,114 tokens (0 %)",
         "processing the prompt: 2,048 of 6,114 tokens (33 %), ~20 s left",
-        "processing the prompt: 4,096 of 6,114 tokens (66 %), ~10 s left",
-        "processing the prompt: 6,114 of 6,114 tokens (100 %)"]
-    assert out.index(b": processing the prompt: 6,114") < out.index(b'"content":"The"')
+        "processing the prompt: 4,096 of 6,114 tokens (66 %), ~10 s left"]
+    assert out.index(b": processing the prompt: 4,096") < out.index(b'"content":"The"')
+
+
+@pytest.mark.parametrize("target,stream,without", [
+    ("v1/chat/completions", chat_progress(0) + chat_progress(6114, ms=900) + CHAT_ANSWER,
+     CHAT_ANSWER),
+    ("v1/responses", CREATED + resp_progress(24, cache=24)
+     + resp_progress(2014, cache=24, ms=900) + RESP_ANSWER,
+     CREATED + IN_PROGRESS + RESP_ANSWER),
+])
+def test_a_prompt_done_in_one_batch_gets_no_comment_and_the_bytes_of_no_progress(
+        target, stream, without):
+    """Its stream reaches the proxy as it did without progress: no wait shown."""
+    assert relayed(target, stream, 9) == without
 
 
 def test_comments_before_the_answer_pass_and_an_answer_without_progress_is_untouched():
@@ -110,8 +122,8 @@ def test_comments_before_the_answer_pass_and_an_answer_without_progress_is_untou
     assert out.startswith(before) and without_comments(out) == CHAT_ANSWER
     assert relayed("v1/chat/completions", CHAT_ANSWER, 13) == CHAT_ANSWER
     err = b'data: {"error":{"message":"boom","code":500}}\n\n'
-    assert relayed("v1/chat/completions", chat_progress(0) + err, 9) == \
-        b": processing the prompt: 0 of 6,114 tokens (0 %)\n\n" + err
+    assert relayed("v1/chat/completions", chat_progress(0) + chat_progress(64, ms=500) + err,
+                   9) == b": processing the prompt: 64 of 6,114 tokens (1 %), ~47 s left\n\n" + err
 
 
 @pytest.mark.parametrize("size", [1, 11, 100000])
@@ -119,15 +131,16 @@ def test_responses_get_created_and_one_in_progress_where_they_come_without_progr
     out = relayed("v1/responses", RESPONSES, size)
     assert b"prompt_progress" not in out
     assert without_comments(out) == CREATED + IN_PROGRESS + RESP_ANSWER
-    assert len(comments(out)) == 3 and comments(out)[1] == \
-        "processing the prompt: 280 of 2,014 tokens (13 %), 24 from cache, ~14 s left"
+    assert comments(out) == [
+        "processing the prompt: 280 of 2,014 tokens (13 %), 24 from cache, ~14 s left"]
     # the held events go after the comments, just before the first token's
     assert out.index(CREATED) > out.rindex(b": processing")
 
 
 def test_a_stream_that_ends_in_the_prefill_keeps_what_was_held():
-    assert relayed("v1/responses", CREATED + resp_progress(24, cache=24), 5) == \
-        b": processing the prompt: 24 of 2,014 tokens (1 %), 24 from cache\n\n" \
+    assert relayed("v1/responses", CREATED + resp_progress(24, cache=24)
+                   + resp_progress(280, cache=24, ms=2044), 5) == \
+        b": processing the prompt: 280 of 2,014 tokens (13 %), 24 from cache, ~14 s left\n\n" \
         + CREATED + IN_PROGRESS
 
 
@@ -176,7 +189,7 @@ def test_through_the_swapper_a_streamed_request_asks_and_its_client_gets_comment
         assert r.status_code == 200
         assert json.loads(srv.bodies[0])["return_progress"] is True
         assert b"prompt_progress" not in r.data and without_comments(r.data) == CHAT_ANSWER
-        assert len(comments(r.data)) == 4
+        assert len(comments(r.data)) == 2
     finally:
         srv.close()
 
