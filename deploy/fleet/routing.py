@@ -6,7 +6,8 @@ whose `async_filter_deployments` hook (LiteLLM's pre-call deployment filter; it 
 after LiteLLM's own cooldown filter, before its routing strategy) narrows a model
 group to the one deployment we choose. Everything else stays LiteLLM's: retries,
 cooldowns of failing deployments, fallbacks. It also checks the router's key
-(`fleet_auth`, LiteLLM's `general_settings.custom_auth`): the master key or a 401.
+(`fleet_auth`, LiteLLM's `general_settings.custom_auth`): the master key or a 401
+(on Anthropic Messages in Anthropic's error shape).
 
 Two parts, each testable alone:
 - `choose()`: a pure function: the stacks that declare the model, their status, the
@@ -39,6 +40,10 @@ except ImportError:                    # unit tests of the choice, without LiteL
     class CustomLogger:                # type: ignore[no-redef]
         def __init__(self, *a, **kw):
             pass
+try:
+    from litellm.proxy._types import ProxyException
+except ImportError:
+    ProxyException = Exception         # type: ignore[misc,assignment]
 
 log = logging.getLogger("fleet.routing")
 
@@ -356,18 +361,54 @@ def check_key(api_key: str | None, master: str | None) -> bool:
     return bool(master and key) and hmac.compare_digest(key.encode(), master.encode())
 
 
+MESSAGES_PATHS = ("/v1/messages", "/v1/messages/count_tokens")   # Anthropic's routes
+
+
+class AnthropicAuthError(ProxyException):
+    """The router's 401 on an Anthropic Messages path (see `fleet_auth`)."""
+
+
+async def anthropic_auth_error(request, exc: AnthropicAuthError):
+    """Its answer in Anthropic's error shape, by LiteLLM's own mapping (as its
+    Messages route answers its other errors): {"type": "error", "error": {"type":
+    "authentication_error", "message": ...}}."""
+    from fastapi.responses import JSONResponse
+    from litellm.anthropic_interface.exceptions import AnthropicExceptionMapping
+    return JSONResponse(AnthropicExceptionMapping.create_error_response(401, exc.message),
+                        status_code=401, headers=exc.headers)
+
+
 async def fleet_auth(request, api_key: str):
     """LiteLLM's `general_settings.custom_auth`: the master key (LITELLM_MASTER_KEY)
     or a 401. Without a database LiteLLM's own check answers a wrong key 400 "No
     connected db." (it would look the key up as a virtual key); this router keeps no
     virtual keys (README "Several GPU hosts"), so a key that is not the master key is
-    an authentication error, in the error shape LiteLLM gives its other 401s."""
-    from litellm.proxy._types import LitellmUserRoles, ProxyException, UserAPIKeyAuth
+    an authentication error: in the error shape LiteLLM gives its other 401s, and on
+    Anthropic Messages in Anthropic's.
+
+    LiteLLM calls this in its routes' auth dependency, before a route's own error
+    handling; what it raises reaches the app's exception handlers as a ProxyException
+    (a subclass kept as it is: auth/auth_exception_handler.py `_as_proxy_exception`),
+    and LiteLLM's handler for ProxyException writes OpenAI's shape (proxy_server.py
+    `openai_exception_handler`). The app's handlers are fixed when it starts, before
+    this module is imported (LiteLLM's start-up reads the config), so
+    `app.add_exception_handler` would come too late: the Messages paths' error, a
+    subclass, gets its handler in the running app's table instead (the request's
+    `starlette.exception_handlers`; Starlette picks a handler by the exception's
+    class, the subclass's before ProxyException's). Without that table it is the
+    same 401, OpenAI-shaped."""
+    from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
     master = os.environ.get("LITELLM_MASTER_KEY", "")
     if check_key(api_key, master):
         return UserAPIKeyAuth(api_key=master, user_role=LitellmUserRoles.PROXY_ADMIN)
-    raise ProxyException(message="Authentication Error: missing or invalid key (the router's "
-                         "master key)", type="auth_error", param=None, code=401)
+    error = ProxyException
+    if request.url.path.rstrip("/").endswith(MESSAGES_PATHS):
+        error = AnthropicAuthError
+        handlers = request.scope.get("starlette.exception_handlers")
+        if handlers:
+            handlers[0].setdefault(AnthropicAuthError, anthropic_auth_error)
+    raise error(message="Authentication Error: missing or invalid key (the router's "
+                "master key)", type="auth_error", param=None, code=401)
 
 
 def parse_stacks(text: str) -> dict[str, str]:

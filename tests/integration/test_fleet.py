@@ -147,34 +147,48 @@ def test_no_key_or_a_wrong_key_is_a_401(fleet, key):
     """Issue 30: no key was a 500 (LiteLLM's auth-error path imports prisma, which its
     proxy extra does not install: deploy/fleet/requirements.txt adds it), a wrong key
     a 400 "No connected db." (the plugin's custom_auth checks the master key). Chat,
-    Responses and Messages, raw and through the OpenAI and Anthropic SDKs (an auth
-    error the client shows, never retried); nothing reaches a stack."""
+    Responses and Messages (and its count_tokens), raw and through the OpenAI and
+    Anthropic SDKs (an auth error the client shows, never retried), each in its API's
+    error shape: OpenAI's on chat and Responses, Anthropic's exactly on Messages;
+    nothing reaches a stack."""
     import openai
 
     def posts() -> float:                   # the model requests the stacks' proxies counted
         return sum(scrape(p.url, auth(p.url)).value("proxy_requests_total", method="POST")
                    for p in (fleet.pa, fleet.pb))
     n0 = posts()
+    message = "Authentication Error: missing or invalid key (the router's master key)"
+    anthropic_401 = {"type": "error", "error": {"type": "authentication_error", "message": message}}
     body = {"model": "beta", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    bearer = {"Authorization": f"Bearer {key}"} if key else {}
+    x_api_key = {"x-api-key": key} if key else {}
     for path, headers in (
-            ("/v1/chat/completions", {"Authorization": f"Bearer {key}"} if key else {}),
-            ("/v1/responses", {"Authorization": f"Bearer {key}"} if key else {}),
-            ("/v1/messages", {"x-api-key": key, "anthropic-version": "2023-06-01"} if key
-             else {"anthropic-version": "2023-06-01"})):
+            ("/v1/chat/completions", bearer),
+            ("/v1/responses", bearer),
+            ("/v1/messages", {**x_api_key, "anthropic-version": "2023-06-01"}),
+            ("/v1/messages?beta=true", {**bearer, "anthropic-version": "2023-06-01"}),
+            ("/v1/messages/count_tokens", {**x_api_key, "anthropic-version": "2023-06-01"})):
         data = {"model": "beta", "input": "hi"} if path == "/v1/responses" else body
         r = requests.post(fleet.url + path, json=data, headers=headers, timeout=30)
         assert r.status_code == 401, (path, r.status_code, r.text)
-        err = r.json()["error"]
-        assert err["type"] == "auth_error" and "Authentication Error" in err["message"], err
+        if path.startswith("/v1/messages"):
+            assert r.json() == anthropic_401, (path, r.text)
+        else:
+            err = r.json()["error"]
+            assert err["type"] == "auth_error" and err["message"] == message, (path, err)
     if key:
         c = openai.OpenAI(base_url=fleet.url + "/v1", api_key=key, max_retries=0, timeout=30)
-        with pytest.raises(openai.AuthenticationError):
+        with pytest.raises(openai.AuthenticationError) as e:
             c.chat.completions.create(model="beta", max_tokens=2,
                                       messages=[{"role": "user", "content": "hi"}])
+        assert e.value.body["message"] == message, e.value.body   # the SDK keeps "error"
         a = anthropic.Anthropic(base_url=fleet.url, api_key=key, max_retries=0, timeout=30)
         with pytest.raises(anthropic.AuthenticationError) as e:
             a.messages.create(**body)
-        assert "Authentication Error" in str(e.value)
+        assert e.value.body == anthropic_401 and message in str(e.value), e.value.body
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            a.messages.count_tokens(model="beta", messages=body["messages"])
+        assert e.value.body == anthropic_401, e.value.body
     assert posts() == n0                               # no 401 reached a stack
     r = chat(fleet.url, "beta")                        # the master key still passes
     assert r.status_code == 200, r.text
