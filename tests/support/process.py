@@ -4,6 +4,7 @@ does not), stopped at the end. The base of the proxy, swapper and llama-server
 helpers."""
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -56,6 +57,12 @@ class ServiceProcess:
             # Like a crashed container: master and workers die at once, no clean-up.
             os.killpg(self.proc.pid, signal.SIGKILL)
         else:
+            # The test's own responses that are garbage (requests' are in reference
+            # cycles: freed at the next cyclic collection) still hold their kept-alive
+            # sockets to this server, and a graceful stop waits for idle connections
+            # (the swapper: up to its keep-alive, 5 s). Collected now, they close first;
+            # what a test still holds stays open.
+            gc.collect()
             self.proc.send_signal(self.stop_signal)
         try:
             self.proc.wait(timeout)

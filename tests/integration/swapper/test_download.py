@@ -44,6 +44,7 @@ def test_a_missing_model_is_downloaded_then_answers(tmp_path, docker_client):
             "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 200
         text = r.content.decode()
+        del r               # its kept-alive socket would hold the swapper's stop 5 s
         watcher.join(60)
         assert ": downloading tiny-a: " in text, text[:2000]
         assert "/ 98.4 MB" in text
@@ -115,6 +116,7 @@ def test_two_downloads_never_fill_a_small_disk(tmp_path, docker_client):
                                             for m, a in answers.items()}
             refused = next(a for a in answers.values() if a.status_code == 507)
             assert "the disk is full" in refused.json()["error"]["message"]
+            del answers, refused    # their kept-alive sockets would hold the swapper's stop 5 s
             requests.post(sw.url + "/unload", timeout=120)
         total = shutil.disk_usage(disk).total
         assert min(lowest) >= 0.05 * total - 4096, (min(lowest), total)
@@ -156,4 +158,5 @@ def test_a_file_changed_upstream_between_two_attempts_is_fetched_whole(tmp_path,
         assert got == hashlib.sha256(v2).hexdigest(), "stitched from two versions"
         method, path, rng = [q for q in hub.requests if q[0] == "GET"][-1]
         assert rng is None and f"/resolve/{FakeHub.commit(v2)}/" in path
+        del r               # its kept-alive socket would hold the swapper's stop 5 s
         requests.post(sw.url + "/unload", timeout=120)

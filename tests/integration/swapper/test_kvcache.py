@@ -276,6 +276,7 @@ def test_the_first_answer_after_a_restore_tells_the_tokens_it_reused(docker_clie
             "messages": [{"role": "user", "content": PROMPT}]})
         lines = [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True)
                  if line.startswith("data: {")]
+        del r               # its kept-alive socket would hold the swapper's stop 5 s
         timings = [e["timings"] for e in lines if "timings" in e][-1]
         assert timings["cache_n"] >= first["prompt_n"] - 8, timings
         assert counted(sw, "reused") == timings["cache_n"]
