@@ -166,6 +166,7 @@ def test_docker_outage_during_a_load_fails_it_clearly_and_recovers(docker_client
             models = [c.labels["org.coding-stack.model"]
                       for c in stack_containers(docker_client, sw.stack)]
             assert models == ["tiny-b"], "the container left by the cut load was not removed"
+            del r, results, waiting, hz     # their kept-alive sockets would hold the stop 5 s
 
 
 def test_docker_unreachable_at_start_serves_degraded_and_recovers(docker_client):
@@ -183,6 +184,7 @@ def test_docker_unreachable_at_start_serves_degraded_and_recovers(docker_client)
                      30, "healthy once Docker answers")
             r = chat(sw.url, "b", timeout=180)
             assert r.status_code == 200, r.text
+            del r, hz       # their kept-alive sockets would hold the swapper's stop 5 s
 
 
 # ------------------------------------------------------------ clients leaving
