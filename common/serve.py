@@ -11,6 +11,7 @@ connection (HeadTimedWorker, here), its body to BODY_TIMEOUT (common.guard).
 from __future__ import annotations
 
 import json
+import threading
 from contextlib import contextmanager
 from typing import Callable
 
@@ -121,6 +122,11 @@ class HeadWithBody(gunicorn_wsgi.Response):
 gunicorn_wsgi.Response = HeadWithBody
 
 
+# Set in a worker when it is told to stop (SIGTERM): a stream that never ends by
+# itself (the swapper's /events) ends at its next beat, so the stop is not held.
+STOPPING = threading.Event()
+
+
 class HeadTimedWorker(GeventWorker):
     """gunicorn's gevent worker, with a new connection's first request head held
     to `header_timeout` seconds from its accept: not there in time, the
@@ -152,14 +158,29 @@ class HeadTimedWorker(GeventWorker):
             self._open -= 1
 
     def timeout_ctx(self):             # around each wait for a request head
+        if STOPPING.is_set():          # the answer in flight at the stop was the last
+            return gevent.Timeout(0, False)
         connection = self._connection
-        if self.header_timeout is None:
-            return super().timeout_ctx()
         if getattr(connection, "kept_alive", False):
             return self._idle_wait()
         connection.kept_alive = True   # any later wait: for a served connection's next request
         self._reclaim()
+        if self.header_timeout is None:
+            return super().timeout_ctx()
         return gevent.Timeout(self.header_timeout, False)   # False: ends the wait, silently
+
+    def handle_exit(self, sig, frame):
+        """SIGTERM: gunicorn stops accepting and lets what is in flight finish (up to
+        graceful_timeout); a connection idle between two requests has nothing in
+        flight, yet held the stop for as long as its keep-alive (a connected agent
+        held the proxy's for its 30 s, past compose's 10 s). Those close now, and
+        endless streams (the swapper's /events) end at their next beat (STOPPING)."""
+        super().handle_exit(sig, frame)
+        gevent.spawn(self._stopping)     # out of the signal handler
+
+    def _stopping(self) -> None:
+        STOPPING.set()
+        self._reclaim(everyone=True)
 
     @contextmanager
     def _idle_wait(self):
@@ -175,8 +196,9 @@ class HeadTimedWorker(GeventWorker):
         finally:
             self._idle.pop(me, None)
 
-    def _reclaim(self) -> None:
-        over = self._open - int(self.worker_connections * self.RECLAIM_AT)
+    def _reclaim(self, everyone: bool = False) -> None:
+        over = len(self._idle) if everyone else \
+            self._open - int(self.worker_connections * self.RECLAIM_AT)
         for glet, timer in list(self._idle.items())[:max(over, 0)]:
             self._idle.pop(glet, None)
             glet.kill(timer, block=False)

@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Iterator
 
+from common.serve import STOPPING
 from common.sse import comment, emit
 
 QUEUE_SIZE = 256
@@ -48,7 +49,7 @@ class EventHub:
             self._subscribers.add(q)
         try:
             yield emit({"event": "state", "time": round(self._clock(), 3), **first})
-            while True:
+            while not STOPPING.is_set():     # the worker's stop ends it (common.serve)
                 try:
                     yield emit(q.get(timeout=keepalive))
                 except queue.Empty:

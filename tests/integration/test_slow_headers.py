@@ -205,3 +205,34 @@ def test_answers_that_end_their_connection_say_close():
             head = got.partition(b"\r\n\r\n")[0].lower()
             assert head.startswith(b"http/1.1 " + status), head
             assert b"\r\nconnection: close\r\n" in head + b"\r\n", head
+
+
+def test_a_stop_does_not_wait_for_idle_kept_alive_connections():
+    """SIGTERM (docker compose down): an agent's idle kept-alive connection has
+    nothing in flight, yet held the proxy's graceful stop for gunicorn's 30 s
+    graceful_timeout (compose kills it at 10 s). It is closed at once and the proxy
+    exits; a request in flight at the signal still gets its whole answer."""
+    import signal
+    with ServerThread(upstream) as up:
+        p = ProxyProcess(BACKEND_URL=up.url, WEB_SEARCH=0, LOG_LEVEL="warning")
+        p.start()
+        try:
+            idle, busy = connect(p), connect(p)
+            idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert answer(idle)[0].startswith(b"HTTP/1.1 200")
+            busy.sendall(b"GET /v1/slow/1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            time.sleep(0.5)                              # in flight at the signal
+            p.proc.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            head, body = answer(busy)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            assert json.loads(body)["path"] == "/v1/slow/1"
+            busy.settimeout(25)
+            assert busy.recv(4096) == b"", "kept alive by a stopping proxy"
+            idle.settimeout(25)
+            assert idle.recv(4096) == b"", "the idle connection was answered, not closed"
+            p.proc.wait(25)
+            # gunicorn's graceful_timeout (30 s) was what it waited before
+            assert time.monotonic() - t0 < 20, time.monotonic() - t0
+        finally:
+            p.stop(kill=True)
