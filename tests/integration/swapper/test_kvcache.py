@@ -160,33 +160,61 @@ def test_two_slots_are_each_saved_and_each_restored(docker_client, tmp_path):
         requests.post(sw.url + "/unload", timeout=120)
 
 
-class Created:
-    """The names of files created in a folder, as inotify tells them (IN_CREATE)."""
-    IN_CREATE = 0x100
+class HeldOpens:
+    """Every open of a file in `folder` waits for this test's word (fanotify's
+    FAN_OPEN_PERM, root only): `on_open(name, pid)` runs first, then the open is
+    allowed. Unlike a notification after the fact (inotify: the first version of
+    this test), the opener cannot go on meanwhile: llama-server, told to save,
+    is frozen before it has written a byte, however fast the save (a ~10 MB save
+    could be written and answered before an inotify watcher woke: CI saw the
+    file renamed after the freeze). Closing it allows whatever still waits."""
+    FAN_CLASS_CONTENT, FAN_CLOEXEC, FAN_MARK_ADD = 0x04, 0x01, 0x01
+    FAN_OPEN_PERM, FAN_EVENT_ON_CHILD, FAN_ALLOW, AT_FDCWD = 0x10000, 0x8000000, 0x01, -100
+    EVENT = struct.Struct("IBBHQii")        # struct fanotify_event_metadata
 
-    def __init__(self, folder):
-        self._libc = ctypes.CDLL(None, use_errno=True)
-        self.fd = self._libc.inotify_init1(os.O_CLOEXEC)
+    def __init__(self, folder, on_open):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64,
+                                       ctypes.c_int, ctypes.c_char_p]
+        self.fd = libc.fanotify_init(self.FAN_CLASS_CONTENT | self.FAN_CLOEXEC, os.O_RDONLY)
         assert self.fd >= 0, os.strerror(ctypes.get_errno())
-        assert self._libc.inotify_add_watch(self.fd, str(folder).encode(), self.IN_CREATE) >= 0
+        assert libc.fanotify_mark(self.fd, self.FAN_MARK_ADD,
+                                  self.FAN_OPEN_PERM | self.FAN_EVENT_ON_CHILD,
+                                  self.AT_FDCWD, str(folder).encode()) == 0, \
+            os.strerror(ctypes.get_errno())
+        self.on_open, self.closed = on_open, threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
 
-    def next(self, timeout: float) -> list[str]:
-        ready, _, _ = select.select([self.fd], [], [], timeout)
-        if not ready:
-            return []
-        data, names, at = os.read(self.fd, 65536), [], 0
-        while at < len(data):
-            _wd, _mask, _cookie, size = struct.unpack_from("iIII", data, at)
-            names.append(data[at + 16:at + 16 + size].rstrip(b"\0").decode())
-            at += 16 + size
-        return names
+    def _serve(self):
+        while not self.closed.is_set():
+            ready, _, _ = select.select([self.fd], [], [], 0.2)
+            if not ready:
+                continue
+            try:
+                data = os.read(self.fd, 4096)
+            except OSError:
+                return
+            at = 0
+            while at + self.EVENT.size <= len(data):
+                size, _v, _r, _m, _mask, fd, pid = self.EVENT.unpack_from(data, at)
+                at += size
+                if fd < 0:
+                    continue
+                try:
+                    self.on_open(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), pid)
+                finally:
+                    os.write(self.fd, struct.pack("iI", fd, self.FAN_ALLOW))
+                    os.close(fd)
 
     def close(self):
+        self.closed.set()
+        self.thread.join(5)
         os.close(self.fd)
 
 
 def test_a_backend_killed_mid_save_leaves_nothing_that_is_restored(docker_client, tmp_path):
-    """The moment llama-server creates its save file (the save POST in flight,
+    """The moment llama-server opens its new save file (the save POST in flight,
     before it could answer) its process is frozen, then its container killed:
     the swap goes on, no slot file is kept from that save, the temporary file
     is swept, and the way back restores nothing (a full prefill, a 200)."""
@@ -195,26 +223,19 @@ def test_a_backend_killed_mid_save_leaves_nothing_that_is_restored(docker_client
         (container,) = stack_containers(docker_client, sw.stack, running_only=True)
         pid = container.attrs["State"]["Pid"]           # llama-server: the container's init
         folder = tmp_path / "tiny-a"
-        watch, seen = Created(folder), {}
+        seen = {}
 
-        def kill_on_create():
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                names = [n for n in watch.next(1.0) if n.startswith("tmp-slot")]
-                if names:
-                    os.kill(pid, signal.SIGSTOP)       # mid-save: it cannot answer now
-                    seen["name"] = names[0]
-                    seen["bytes"] = (folder / names[0]).stat().st_size
-                    seen["kept"] = sorted(p.name for p in folder.glob("slot*"))
-                    container.kill()
-                    return
+        def freeze_on_create(name, opener):
+            if name.startswith("tmp-slot") and "name" not in seen:
+                os.kill(pid, signal.SIGSTOP)           # mid-save: it cannot answer now
+                seen["name"], seen["opener"] = name, opener
+                seen["kept"] = sorted(p.name for p in folder.glob("slot*"))
+                threading.Thread(target=container.kill, daemon=True).start()
 
-        killer = threading.Thread(target=kill_on_create, daemon=True)
-        killer.start()
+        watch = HeldOpens(folder, freeze_on_create)
         try:
             ask(sw, "tiny-b", "Hi.")                    # the swap goes on
         finally:
-            killer.join(130)
             watch.close()
         assert seen.get("name", "").startswith("tmp-slot"), seen
         assert seen["kept"] == [], seen            # nothing renamed while the POST was open
