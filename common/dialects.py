@@ -35,6 +35,11 @@ class Wire:
     backend: dict[str, frozenset[str]] = field(default_factory=dict)
     # route (a `backend` key) -> the body's key holding the conversation (its images)
     conversation: dict[str, str] = field(default_factory=dict)
+    # the body's keys rendered before the conversation (system text, tools), and the
+    # one bounding the answer's tokens: what the swapper's conversation key reads
+    # and its replay caps (swapper/conversations.py)
+    head: tuple[str, ...] = ()
+    answer_cap: str = "max_tokens"
     # an error body in the dialect's shape (None: it is already); None: the OpenAI envelope
     error: Callable[[bytes, int], bytes | None] | None = None
     # (message, status, code) -> the event ending a stream with an error, as the
@@ -93,19 +98,21 @@ def responses_error_event(message: str, status: int, code: str | None) -> bytes:
 
 CHAT = Wire("chat", ("/v1/chat/completions",), openai_usage,
             backend={r"chat/completions": POST},
-            conversation={"chat/completions": "messages"})
+            conversation={"chat/completions": "messages"}, head=("tools",))
 # /v1/v1/messages: the anthropic SDK appends /v1/messages to its base URL, so
 # base_url=<proxy>/v1 (the form the OpenAI SDK wants) must work too.
 MESSAGES = Wire("messages", ("/v1/messages", "/v1/v1/messages"), anthropic_usage,
                 backend={r"messages": POST, r"messages/count_tokens": POST},
                 conversation={"messages": "messages", "messages/count_tokens": "messages"},
+                head=("system", "tools"),
                 error=to_anthropic_error, error_event=anthropic_error_event)
 RESPONSES = Wire("responses", ("/v1/responses",), responses_usage,
                  backend={r"responses": POST,
                           r"responses/[^/]+": frozenset({"GET", "DELETE"}),
                           r"responses/[^/]+/cancel": POST,
                           r"responses/input_tokens": POST},
-                 conversation={"responses": "input"}, error_event=responses_error_event)
+                 conversation={"responses": "input"}, head=("instructions", "tools"),
+                 answer_cap="max_output_tokens", error_event=responses_error_event)
 
 WIRES: tuple[Wire, ...] = (CHAT, MESSAGES, RESPONSES)
 

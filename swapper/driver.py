@@ -30,12 +30,13 @@ import threading
 import time
 
 from .download import Downloads
-from .kvcache import KvCache
+from .kvcache import KvCache, Outcome
 from .metrics import SwapperMetrics
 from .registry import Registry
 from .runtime import Backend, BackendError, DockerUnavailable, Runtime
 from .scheduler import Action, LoadFailed, READY, Scheduler, SchedulerError
 from .settings import Settings
+from .swaps import Ledger
 
 log = logging.getLogger("swapper.driver")
 
@@ -77,6 +78,10 @@ class Driver:
         # Its events go where the scheduler's go (/events).
         self.kv = kvcache or KvCache(settings, metrics, emit=scheduler.notify,
                                      image_id=getattr(runtime, "image_id", None))
+        # What each swap cost, phase by phase, and the serving share (swapper/swaps.py).
+        self.ledger = Ledger(emit=scheduler.notify, metrics=metrics, clock=clock)
+        self.kv.on_first_answer = self.ledger.reprefilled
+        scheduler.on_in_flight = self.ledger.in_flight
         # Models whose files are missing are downloaded on first use, off the
         # resident slot (swapper/download.py).
         self.downloads = downloads or Downloads(settings, scheduler, clock=clock)
@@ -168,8 +173,14 @@ class Driver:
             backend = self.runtime.start(spec, prepared=prepared, on_progress=lambda seconds, line:
                                          self.scheduler.load_progress(action.epoch, seconds,
                                                                       line))
-            backend = self._restore(spec, backend, prepared_for=action)
+            started = self._clock() - t0
+            t1 = self._clock()
+            backend, restored = self._restore(spec, backend, prepared_for=action)
+            restore = self._clock() - t1
             self.last_load_seconds = self._clock() - t0
+            healthy = backend.healthy_seconds or 0.0
+            self.ledger.loaded(spec.id, max(started - healthy, 0.0), healthy, restore,
+                               restored)
             self.metrics.load_done(spec.id, self.last_load_seconds, ok=True)
             if not self.adopted:       # the engine came back just before this load:
                 self.adopted = self._dirty = True    # sweep what an earlier run left
@@ -188,15 +199,16 @@ class Driver:
                 self.metrics.load_done(spec.id, 0.0, ok=False)
             self.scheduler.load_done(action.epoch, backend=backend, error=error)
 
-    def _restore(self, spec, backend: Backend, prepared_for: Action) -> Backend:
-        """The healthy backend gets its saved slots back before anything is
-        admitted. A restore that brought the backend down (this llama-server
+    def _restore(self, spec, backend: Backend, prepared_for: Action
+                 ) -> tuple[Backend, Outcome | None]:
+        """The healthy backend gets its saved prompt caches back before anything
+        is admitted. A restore that brought the backend down (this llama-server
         aborts on some bad files) costs a fresh start without them."""
         if not self.kv.enabled(spec):
-            return backend
+            return backend, None
         outcome = self.kv.restore(spec, backend)
         if not outcome.died:
-            return backend
+            return backend, outcome
         log.error("model %s: its backend stopped answering while its prompt cache was "
                   "restored: starting it again without it", spec.id)
         try:
@@ -206,19 +218,22 @@ class Driver:
             log.warning("could not remove container %s: %s", backend.container_id[:12], e)
         return self.runtime.start(spec, on_progress=lambda seconds, line:
                                   self.scheduler.load_progress(prepared_for.epoch, seconds,
-                                                               line))
+                                                               line)), outcome
 
-    def _save(self, action: Action, backend) -> None:
+    def _save(self, action: Action, backend) -> Outcome | None:
         """Save the prompt cache of the backend about to stop, while it still
         answers (not when it just crashed). Costs only the cache if it fails."""
         spec = self.registry.models.get(action.model)
         if (spec is None or not isinstance(backend, Backend) or backend.model != action.model
                 or backend.container_id == self._dead or not self.kv.enabled(spec)):
-            return
+            if spec is not None:
+                self.kv.book.forget(spec.id)    # what it served is gone with it
+            return None
         try:
-            self.kv.save(spec, backend)
+            return self.kv.save(spec, backend)
         except Exception:           # KvCache.save never raises: a bug must not block the stop
             log.exception("saving the prompt cache of %s failed", spec.id)
+            return None
 
     def _stop(self, action: Action) -> None:
         """Stop the model's container; retried until the engine confirms (a
@@ -234,7 +249,8 @@ class Driver:
         self._drop_prepared()                           # an earlier one nobody loaded
         spec = self.registry.models.get(action.next_model or "")
         helper = self._spawn(self._prepare, spec) if spec is not None else None
-        self._save(action, backend)     # while the next container is created
+        saved = self._save(action, backend)     # while the next container is created
+        save = self._clock() - t0
         delay = 1.0
         while True:
             try:
@@ -251,6 +267,7 @@ class Driver:
             self._remove(self._stopped)
             self._stopped = []
         self.metrics.unloaded(action.model, self._clock() - t0)
+        self.ledger.stopped(action.model, action.cause, self._clock() - t0, save, saved)
         self.scheduler.stop_done()
 
     def _prepare(self, spec) -> None:

@@ -34,6 +34,7 @@ from common.sse import comment, emit, error_event
 from common.streaming import (NO_BUFFERING, Relayed, answer_headers, forward_headers,
                               iter_upstream)
 
+from .conversations import Conversation
 from .kvcache import ANSWER_TAIL
 from .lease import Admission, Lease, waiting_for
 from .progress import Relay
@@ -56,16 +57,19 @@ class Forwarder:
 
     def forward(self, model: str, method: str, path: str, query: str, headers,
                 body: bytes | None, environ: dict, stream: bool = False,
-                progress: bool = False) -> Relayed | Response:
+                progress: bool = False, conversation: Conversation | None = None
+                ) -> Relayed | Response:
         """The backend's answer to the request. A streamed request that has to
         wait (a load, a swap, a drain, the queue) is answered at once: an SSE
         stream of progress comments every KEEPALIVE_INTERVAL until the backend's
         own events follow, or an error event ends it. `progress`: the body asks
-        llama-server for its prompt progress (progress.ask), made comments here."""
+        llama-server for its prompt progress (progress.ask), made comments here.
+        `conversation`: the request's, told to the prompt-cache keeper once the
+        backend takes it (swapper/kvcache.py)."""
         words = path if progress else None
         if not stream:
-            return relay(*self.open(model, method, path, query, headers, body, environ),
-                         progress=words)
+            return relay(*self.open(model, method, path, query, headers, body, environ,
+                                    conversation=conversation), progress=words)
         (lease,) = self.admission.queue(model, environ)
         try:
             admitted = self.admission.wait(lease, environ, timeout=0.05)
@@ -74,14 +78,15 @@ class Forwarder:
             raise
         if admitted:
             return relay(*self.open(model, method, path, query, headers, body, environ,
-                                    lease=lease), progress=words)
+                                    lease=lease, conversation=conversation), progress=words)
         events = self._waiting_stream(lease, method, path, query, headers, body, environ,
-                                      words)
+                                      words, conversation)
         return Response(events, mimetype="text/event-stream", headers=NO_BUFFERING,
                         direct_passthrough=True)
 
     def _waiting_stream(self, lease: Lease, method: str, path: str, query: str, headers,
-                        body: bytes | None, environ: dict, progress: str | None = None):
+                        body: bytes | None, environ: dict, progress: str | None = None,
+                        conversation: Conversation | None = None):
         answer = None
         try:
             interval = self.settings.KEEPALIVE_INTERVAL
@@ -91,7 +96,7 @@ class Forwarder:
                 yield comment(waiting_for(scheduler.snapshot(), lease.model))
             yield queuewait.comment(lease.ticket.wait_seconds or 0.0)
             lease, upstream = self.open(lease.model, method, path, query, headers, body,
-                                        environ, lease=lease)
+                                        environ, lease=lease, conversation=conversation)
             answer = LeasedBody(lease, upstream, progress)
             if upstream.status_code != 200:
                 yield error_event(path, message_of(upstream.content, upstream.status_code),
@@ -110,8 +115,8 @@ class Forwarder:
                 self.admission.leave([lease])
 
     def open(self, model: str, method: str, path: str, query: str, headers,
-             body: bytes | None, environ: dict, lease: Lease | None = None
-             ) -> tuple[Lease, requests.Response]:
+             body: bytes | None, environ: dict, lease: Lease | None = None,
+             conversation: Conversation | None = None) -> tuple[Lease, requests.Response]:
         """Admit (unless `lease` is given), send, and wait for the answer's
         headers (for a non-streaming answer: until generation ends). A client
         that leaves meanwhile closes the upstream connection, so the backend
@@ -122,6 +127,9 @@ class Forwarder:
 
         def send(fresh: bool) -> requests.Response:
             lease = held[0]
+            lease.conversation = conversation
+            if lease.kv is not None and conversation is not None:
+                lease.kv.served(lease.model, conversation)
             return self._send(method, self.url(lease, path, query), body,
                               with_backend_key(fwd, lease.backend), fresh)
 
@@ -171,8 +179,9 @@ class LeasedBody:
         self._chunks = iter_upstream(upstream, on_close=self._ended, on_break=self._broke)
         # The first answer after a restore: its tail tells what the restore bought.
         kv = lease.kv
+        self._key = lease.conversation.key if lease.conversation is not None else None
         self._kv = kv if upstream.status_code == 200 and kv is not None \
-            and kv.awaits_answer(lease.model) else None
+            and kv.awaits_answer(lease.model, self._key) else None
         self._tail = bytearray()
 
     def __iter__(self):
@@ -204,7 +213,7 @@ class LeasedBody:
             self.lease.finish(self.upstream.status_code)
             if self._kv is not None:
                 try:
-                    self._kv.answered(self.lease.model, bytes(self._tail))
+                    self._kv.answered(self.lease.model, bytes(self._tail), self._key)
                 except Exception:         # a count must never fail an answer
                     log.exception("reading the first answer after a restore failed")
         else:                          # the client went away mid-body

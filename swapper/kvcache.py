@@ -48,11 +48,14 @@ from typing import Callable
 
 import requests
 
+from .conversations import Book, Conversation, Stint, replay_body
+
 log = logging.getLogger("swapper.kvcache")
 
 CONTAINER_ROOT = "/kvcache"      # where backends see the cache folder
 CONNECT_SECONDS = 2.0
 HASH_CHUNK = 8 << 20             # bytes hashed between two yields (gevent: the hub runs)
+DEFAULT_CACHE_RAM_MIB = 8192    # llama-server's --cache-ram when not given
 ANSWER_TAIL = 16 << 10           # bytes of the first answer after a restore read for its counts
 
 # Launch flags that shape the KV cache (or the file's meaning): a file saved
@@ -166,15 +169,19 @@ def kv_flags(spec) -> dict:
 class Outcome:
     """What one save or restore did: for the event, the metrics and the tests."""
     slots: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)      # the files' (slot<N>, conv-<key>)
     bytes: int = 0
     tokens: int = 0
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)    # reasons
     died: bool = False           # the backend stopped answering during a restore
+    replayed: int = 0            # prompt tokens the replays before the saves processed
 
     def fields(self) -> dict:
-        out = {"slots": self.slots, "bytes": self.bytes, "tokens": self.tokens,
-               "seconds": round(self.seconds, 3)}
+        out = {"slots": self.slots, "saved": self.names, "bytes": self.bytes,
+               "tokens": self.tokens, "seconds": round(self.seconds, 3)}
+        if self.replayed:
+            out["replayed_tokens"] = self.replayed
         if self.failures:
             out["failures"] = self.failures
         return out
@@ -199,8 +206,14 @@ class KvCache:
         self._pause = pause                      # time.sleep(0): a gevent yield
         self._http = requests.Session()
         self._http.trust_env = False
-        # model -> tokens restored, until the first answer after that restore
-        self._awaiting: dict[str, int] = {}
+        # model -> {conversation (None: of no known one) -> tokens restored}, until
+        # the first answer of that conversation after that restore
+        self._awaiting: dict[str, dict[str | None, int]] = {}
+        # the conversations each model served since its load (what its stop saves)
+        self.book = Book(settings.KV_CACHE_CONVERSATIONS)
+        # told (model, tokens, seconds) what a restored conversation's first answer
+        # still prefilled (swapper/swaps.py's ledger)
+        self.on_first_answer: Callable[[str, int, float | None], None] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -241,10 +254,20 @@ class KvCache:
         return r.json()
 
     # ---------------------------------------------------------------- save
+    def served(self, model: str, conv: Conversation | None) -> None:
+        """A request of `model` (of conversation `conv`, None: one without) was
+        admitted to its backend: what its stop saves."""
+        self.book.served(model, conv)
+
     def save(self, spec, backend) -> Outcome:
-        """Save every slot of the running `backend` that holds a prompt (the
-        backend still answers: before its stop). Never raises."""
+        """Save the prompt caches of the running `backend` (it still answers:
+        before its stop). One slot: every conversation it served since it was
+        loaded, newest first: the slot's own as it is, each other one after its
+        last request is replayed for one token (llama-server brings its prompt
+        back from its RAM cache). Several slots: each slot that holds a prompt.
+        Never raises."""
         out = Outcome()
+        stint = self.book.take(spec.id)
         budget = self.settings.KV_CACHE_SAVE_TIMEOUT
         if not self.enabled(spec) or budget <= 0:
             return out
@@ -260,16 +283,56 @@ class KvCache:
         except Exception as e:
             self._fail(out, "save", spec.id, _reason(e), f"cannot read its slots: {e}")
             slots, fp = [], None
-        slots = slots if isinstance(slots, list) else []
+        slots = [s for s in slots if isinstance(s, dict) and isinstance(s.get("id"), int)] \
+            if isinstance(slots, list) else []
+        if len(slots) == 1:
+            # nothing served since its load: what it holds was restored from its files
+            if stint is not None:
+                self._save_conversations(spec, backend, folder, slots[0], stint, fp,
+                                         deadline, out)
+        else:
+            self._save_slots(spec, backend, folder, slots, fp, deadline, out)
+        return self._ended(spec, "saved", "saving", out, t0, tidy=self.evict)
+
+    def _save_conversations(self, spec, backend, folder: Path, slot: dict, stint: Stint,
+                            fp: dict, deadline: float, out: Outcome) -> None:
+        """One slot: the slot as it is (the last conversation), then each other
+        conversation of the stint, newest first, replayed into it and saved."""
+        sid = slot["id"]
+        budget = self.settings.KV_CACHE_SAVE_TIMEOUT
+        last = stint.last
+        todo: list[tuple[Conversation | None, float]] = []
+        if not slot.get("is_processing") and slot.get("n_prompt_tokens", 1):
+            todo.append((last, stint.last_at))
+        others = [(c, at) for c, at in reversed(stint.conversations)
+                  if last is None or c.key != last.key]
+        todo += others[:max(self.settings.KV_CACHE_CONVERSATIONS - len(todo), 0)]
+        for i, (conv, at) in enumerate(todo):
+            left = deadline - self._clock()
+            name = f"conv-{conv.key}" if conv is not None else f"slot{sid}"
+            if left <= 0:
+                self._fail(out, "save", spec.id, "timeout",
+                           f"{name} not saved: KV_CACHE_SAVE_TIMEOUT ({budget:g} s) spent")
+                continue
+            try:
+                if i > 0 or conv is not last:
+                    out.replayed += self._replay(backend, conv, left)
+                self._save_slot(spec, backend, folder, sid, name, conv, at, fp,
+                                deadline - self._clock(), out)
+            except Exception as e:
+                self._fail(out, "save", spec.id, _reason(e), f"{name} not saved: {e}")
+
+    def _save_slots(self, spec, backend, folder: Path, slots: list[dict], fp: dict,
+                    deadline: float, out: Outcome) -> None:
+        """Several slots: each one that holds a prompt, as slot<N>."""
+        budget = self.settings.KV_CACHE_SAVE_TIMEOUT
         # This build lists n_prompt_tokens for a slot once it served a request: one
         # that never did holds nothing. A build that does not say: try them all (an
         # empty slot saves 0 tokens, and that file is dropped).
-        told = any("n_prompt_tokens" in s for s in slots if isinstance(s, dict))
+        told = any("n_prompt_tokens" in s for s in slots)
         for slot in slots:
-            sid = slot.get("id") if isinstance(slot, dict) else None
-            if not isinstance(sid, int) or slot.get("is_processing"):
-                continue
-            if told and not slot.get("n_prompt_tokens"):
+            sid = slot["id"]
+            if slot.get("is_processing") or (told and not slot.get("n_prompt_tokens")):
                 continue
             left = deadline - self._clock()
             if left <= 0:
@@ -277,18 +340,35 @@ class KvCache:
                            f"slot {sid} not saved: KV_CACHE_SAVE_TIMEOUT ({budget:g} s) spent")
                 continue
             try:
-                self._save_slot(spec, backend, folder, sid, fp, left, out)
+                self._save_slot(spec, backend, folder, sid, f"slot{sid}", None, self._wall(),
+                                fp, left, out)
             except Exception as e:
                 self._fail(out, "save", spec.id, _reason(e), f"slot {sid} not saved: {e}")
-        return self._ended(spec, "saved", "saving", out, t0, tidy=self.evict)
 
-    def _save_slot(self, spec, backend, folder: Path, sid: int, fp: dict, left: float,
+    def _replay(self, backend, conv: Conversation | None, left: float) -> int:
+        """Bring `conv` back into the slot: its last request, one token asked.
+        Returns the prompt tokens the backend processed for it (a few when its
+        RAM prompt cache held the conversation)."""
+        body = replay_body(conv) if conv is not None else None
+        if body is None:
+            raise _Skip("replay", "its last request was not kept (too large)")
+        r = self._http.post(f"{backend.url}/{conv.path}", data=body,
+                            headers={**_auth(backend), "Content-Type": "application/json"},
+                            timeout=(CONNECT_SECONDS, max(left, 0.1)))
+        if r.status_code != 200:
+            raise _Skip("replay", f"its replay was answered HTTP {r.status_code}: "
+                                  f"{r.text[:200]}")
+        counts = prompt_counts(r.content[-ANSWER_TAIL:])
+        return counts[1] if counts else 0
+
+    def _save_slot(self, spec, backend, folder: Path, sid: int, name: str,
+                   conv: Conversation | None, used: float, fp: dict, left: float,
                    out: Outcome) -> None:
-        tmp = folder / f"tmp-slot{sid}-{secrets.token_hex(4)}.bin"
+        tmp = folder / f"tmp-{name}-{secrets.token_hex(4)}.bin"
         try:
             r = self._http.post(f"{backend.url}/slots/{sid}", params={"action": "save"},
                                 json={"filename": tmp.name}, headers=_auth(backend),
-                                timeout=(CONNECT_SECONDS, left))
+                                timeout=(CONNECT_SECONDS, max(left, 0.1)))
             if r.status_code != 200:
                 raise _Skip("refused", f"HTTP {r.status_code}: {r.text[:200]}")
             body = r.json()
@@ -298,14 +378,15 @@ class KvCache:
             size = written
             digest = self._sha256(tmp, written, self._clock() + left, missing="disk",
                                   short="incomplete")
-            final, sidecar = folder / f"slot{sid}.bin", folder / f"slot{sid}.json"
+            final, sidecar = folder / f"{name}.bin", folder / f"{name}.json"
             sidecar.unlink(missing_ok=True)      # an old sidecar never describes the new file
             os.replace(tmp, final)
-            now = self._wall()
-            _write_json(sidecar, {"slot": sid, "bytes": size, "tokens": saved,
-                                  "sha256": digest, "fingerprint": fp,
-                                  "saved": now, "used": now})
+            _write_json(sidecar, {"name": name, "slot": sid,
+                                  "conversation": conv.key if conv is not None else None,
+                                  "bytes": size, "tokens": saved, "sha256": digest,
+                                  "fingerprint": fp, "saved": self._wall(), "used": used})
             out.slots.append(sid)
+            out.names.append(name)
             out.bytes += size
             out.tokens += saved
         finally:
@@ -316,13 +397,19 @@ class KvCache:
 
     # -------------------------------------------------------------- restore
     def restore(self, spec, backend) -> Outcome:
-        """Restore the model's saved slots into the freshly healthy `backend`
-        (nothing admitted yet). Never raises; `died` when the backend stopped
-        answering meanwhile (its files are discarded)."""
+        """Restore the model's saved prompt caches into the freshly healthy
+        `backend` (nothing admitted yet). One slot: every saved conversation
+        (at most KV_CACHE_CONVERSATIONS, as many as its RAM prompt cache holds),
+        the least recently served first, each moved on into llama-server's RAM
+        prompt cache by a one-token request but the last, which stays in the
+        slot: whichever comes back first, llama-server finds its prefix. Several
+        slots: each slot<N> file into its slot. Never raises; `died` when the
+        backend stopped answering meanwhile (its files are discarded)."""
         out = Outcome()
         budget = self.settings.KV_CACHE_RESTORE_TIMEOUT
         if not self.enabled(spec) or budget <= 0:
             return out
+        self.book.forget(spec.id)
         folder = self.folder(spec.id)
         self._sweep(folder)
         entries = self._entries(folder)
@@ -337,66 +424,127 @@ class KvCache:
             self._fail(out, "restore", spec.id, _reason(e), f"cannot identify the backend: {e}")
             fp = None
             out.died = isinstance(e, requests.ConnectionError)
+        if fp is not None and fp.get("total_slots") == 1:
+            entries = self._fitting(spec, entries)
+        elif fp is not None:
+            entries = [e for e in entries if _SLOT.fullmatch(e[0].stem)]
+        awaiting: dict[str | None, int] = {}
         for sidecar, meta in entries if fp is not None else []:
-            sid = meta.get("slot") if isinstance(meta, dict) else None
-            final = folder / f"slot{sid}.bin"
+            name = sidecar.stem
+            sid = meta.get("slot") if fp.get("total_slots") != 1 else 0
+            final = folder / f"{name}.bin"
             left = deadline - self._clock()
             try:
                 if left <= 0:
                     raise _Skip("timeout", f"KV_CACHE_RESTORE_TIMEOUT ({budget:g} s) spent")
                 self._check(meta, final, fp, deadline)
+                if out.slots and fp.get("total_slots") == 1:
+                    self._stash(backend, deadline - self._clock())
                 r = self._http.post(f"{backend.url}/slots/{sid}", params={"action": "restore"},
                                     json={"filename": final.name}, headers=_auth(backend),
-                                    timeout=(CONNECT_SECONDS, left))
+                                    timeout=(CONNECT_SECONDS, max(deadline - self._clock(), 0.1)))
                 if r.status_code != 200:
                     raise _Skip("refused", f"HTTP {r.status_code}: {r.text[:200]}")
                 body = r.json()
-                meta["used"] = self._wall()
-                _write_json(sidecar, meta)
+                if not _CONV.fullmatch(name):
+                    meta["used"] = self._wall()
+                    _write_json(sidecar, meta)
                 out.slots.append(sid)
+                out.names.append(name)
                 out.bytes += int(body.get("n_read", meta.get("bytes", 0)))
-                out.tokens += int(body.get("n_restored", 0))
+                restored = int(body.get("n_restored", 0))
+                out.tokens += restored
+                key = meta.get("conversation")
+                key = key if isinstance(key, str) else None
+                awaiting[key] = awaiting.get(key, 0) + restored
             except requests.ConnectionError as e:
                 self._discard(sidecar, final)
                 self._fail(out, "restore", spec.id, "crashed",
-                           f"slot {sid}: the backend stopped answering on its restore ({e}); "
+                           f"{name}: the backend stopped answering on its restore ({e}); "
                            "its file is discarded")
                 out.died = True
                 break
             except Exception as e:
                 reason = _reason(e)
-                if reason != "timeout":
+                if reason not in ("timeout", "stash"):
                     self._discard(sidecar, final)
-                self._fail(out, "restore", spec.id, reason, f"slot {sid} not restored: {e}")
+                self._fail(out, "restore", spec.id, reason, f"{name} not restored: {e}")
+                if reason == "stash":
+                    break                # the slot's prompt would be lost: the last stays
         if out.slots and not out.died:
             with self._lock:
-                self._awaiting[spec.id] = out.tokens
+                self._awaiting[spec.id] = awaiting
         return self._ended(spec, "restored", "restoring", out, t0, tidy=self._disk)
 
-    # ------------------------------------------- what the restore bought
-    def awaits_answer(self, model: str) -> bool:
-        """Was `model` restored and has no answer been read since? (The
-        forwarder then keeps the tail of the next answer for `answered`.)"""
-        return model in self._awaiting
+    def _fitting(self, spec, entries: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
+        """The saved prompts of a one-slot model to restore, least recently served
+        first: the newest KV_CACHE_CONVERSATIONS, as many as its RAM prompt cache
+        holds besides the slot's (llama-server's --cache-ram; 0: the newest only)."""
+        entries = sorted(entries, key=lambda e: _number(e[1].get("used")))
+        entries = entries[-max(self.settings.KV_CACHE_CONVERSATIONS, 1):]
+        room = cache_ram_bytes(spec)            # None: no limit
+        kept = entries[-1:]                     # the newest stays in the slot
+        total = 0                               # what goes to the RAM cache
+        for entry in reversed(entries[:-1]):
+            size = _number(entry[1].get("bytes"))
+            if room is not None and total + size > room:
+                break
+            total += size
+            kept.append(entry)
+        return list(reversed(kept))
 
-    def answered(self, model: str, tail: bytes) -> tuple[int, int] | None:
-        """The first complete answer after a restore of `model` (its last
-        bytes): the prompt tokens the backend reused and processed, counted
-        once per restore (a later answer, or one without the counts, counts
-        nothing). Returns (reused, processed) when it counted."""
+    def _stash(self, backend, left: float) -> None:
+        """Move the slot's restored prompt into llama-server's RAM prompt cache: a
+        one-token request unlike it makes the server keep the slot's prompt
+        there (server_prompt_cache) before it takes the slot."""
+        try:
+            r = self._http.post(f"{backend.url}/completion", headers=_auth(backend),
+                                json={"prompt": " ", "n_predict": 1, "cache_prompt": True},
+                                timeout=(CONNECT_SECONDS, max(left, 0.1)))
+        except requests.Timeout:
+            raise _Skip("stash", "the request moving the last one to the RAM cache timed "
+                                 "out") from None
+        if r.status_code != 200:
+            raise _Skip("stash", f"the request moving the last one to the RAM cache was "
+                                 f"answered HTTP {r.status_code}")
+
+    # ------------------------------------------- what the restore bought
+    def awaits_answer(self, model: str, key: str | None = None) -> bool:
+        """Was `model` restored and has the first answer of that conversation
+        (`key`) not been read since? (The forwarder then keeps the tail of its
+        answer for `answered`.)"""
+        waiting = self._awaiting.get(model)
+        return bool(waiting) and (key in waiting or None in waiting)
+
+    def answered(self, model: str, tail: bytes, key: str | None = None
+                 ) -> tuple[int, int] | None:
+        """The first complete answer of conversation `key` after a restore of
+        `model` (its last bytes): the prompt tokens the backend reused and
+        processed, counted once per restored conversation (a later answer, or
+        one without the counts, counts nothing; a saved prompt of no known
+        conversation counts the first answer of any). Returns (reused,
+        processed) when it counted."""
         counts = prompt_counts(tail)
         if counts is None:
             return None
         with self._lock:
-            restored = self._awaiting.pop(model, None)
+            waiting = self._awaiting.get(model) or {}
+            which = key if key in waiting else None
+            restored = waiting.pop(which, None) if which in waiting else None
+            if not waiting:
+                self._awaiting.pop(model, None)
         if restored is None:
             return None
         reused, processed = counts
+        seconds = prompt_seconds(tail)
         self.metrics.kv_first_answer(model, reused, processed)
-        log.info("model %s: the first answer after its restore (%d tokens) reused %d prompt "
-                 "tokens and processed %d", model, restored, reused, processed)
-        self._emit("reused", model=model, restored=restored, reused=reused,
-                   processed=processed)
+        if self.on_first_answer is not None:
+            self.on_first_answer(model, processed, seconds)
+        log.info("model %s: the first answer of conversation %s after its restore (%d "
+                 "tokens) reused %d prompt tokens and processed %d (%.2f s)", model,
+                 key or "-", restored, reused, processed, seconds or 0.0)
+        self._emit("reused", model=model, conversation=key, restored=restored, reused=reused,
+                   processed=processed, prompt_seconds=seconds)
         return counts
 
     def _ended(self, spec, direction: str, event: str, out: "Outcome", t0: float,
@@ -435,8 +583,10 @@ class KvCache:
             sidecar = folder / name
             try:
                 meta = json.loads(_read_regular(sidecar, SIDECAR_MAX))
-                if not isinstance(meta, dict) or meta.get("slot") != int(m.group(1)):
-                    raise ValueError("not a sidecar of that slot")
+                stem = m.group(1)
+                if not isinstance(meta, dict) or meta.get("name", f"slot{meta.get('slot')}") \
+                        != stem or not isinstance(meta.get("slot"), int):
+                    raise ValueError("not the sidecar of that file")
             except (OSError, ValueError, _Skip) as e:
                 log.warning("discarding %s: %s", sidecar, e)
                 self.metrics.kv_failed("restore", "corrupt")
@@ -497,7 +647,7 @@ class KvCache:
                     sizes[name] = st.st_size if stat.S_ISREG(st.st_mode) else 0
             for name, size in sizes.items():
                 m = _BIN.fullmatch(name)
-                sidecar_name = f"slot{m.group(1)}.json" if m else None
+                sidecar_name = f"{m.group(1)}.json" if m else None
                 if _SIDECAR.fullmatch(name) and name[:-5] + ".bin" in sizes:
                     continue                    # counted with its file
                 final = folder / name
@@ -514,17 +664,25 @@ class KvCache:
         return sorted(out, key=lambda e: (e[0], str(e[3])))
 
     def evict(self) -> int:
-        """Remove the least recently used files until the total fits
-        KV_CACHE_MAX_GB. Returns the bytes left on disk."""
+        """Remove the least recently used files until each model keeps at most
+        KV_CACHE_CONVERSATIONS saved prompts and the total fits KV_CACHE_MAX_GB.
+        Returns the bytes left on disk."""
         entries = self.usage()
         total = sum(e[1] for e in entries)
         cap = self.settings.KV_CACHE_MAX_GB * 1e9
+        count = self.settings.KV_CACHE_CONVERSATIONS
+        per_model: dict[Path, int] = {}
+        for e in entries:
+            per_model[e[3].parent] = per_model.get(e[3].parent, 0) + 1
         for used, size, sidecar, final in entries:
-            if total <= cap:
-                break
-            log.info("prompt cache over KV_CACHE_MAX_GB (%g): evicting %s (%.1f MB)",
-                     self.settings.KV_CACHE_MAX_GB, final, size / 1e6)
+            over = per_model[final.parent] > count
+            if total <= cap and not over:
+                continue
+            log.info("prompt cache over %s: evicting %s (%.1f MB)",
+                     f"KV_CACHE_CONVERSATIONS ({count})" if over else
+                     f"KV_CACHE_MAX_GB ({self.settings.KV_CACHE_MAX_GB:g})", final, size / 1e6)
             self._discard(sidecar, final)
+            per_model[final.parent] -= 1
             total -= size
         self.metrics.kv_disk(total)
         return total
@@ -552,8 +710,13 @@ class KvCache:
 
 
 SIDECAR_MAX = 1 << 20           # bytes: a sidecar is a few hundred
-_SIDECAR = re.compile(r"slot(\d+)\.json")
-_BIN = re.compile(r"slot(\d+)\.bin")
+# A saved prompt: <name>.bin and its sidecar <name>.json; the name is the slot's
+# (several slots: slot<N>) or the conversation's (one slot: conv-<key>).
+_NAME = r"(slot\d+|conv-[0-9a-f]{16})"
+_SIDECAR = re.compile(_NAME + r"\.json")
+_BIN = re.compile(_NAME + r"\.bin")
+_SLOT = re.compile(r"slot\d+")
+_CONV = re.compile(r"conv-[0-9a-f]{16}")
 # Regular files only: never follow a link, never wait for a FIFO's writer (an open
 # for reading blocks until one comes; under gevent, the whole swapper with it).
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -659,6 +822,38 @@ def _reason(e: Exception) -> str:
 _TIMINGS = re.compile(rb'"cache_n"\s*:\s*(\d+)|"prompt_n"\s*:\s*(\d+)')
 _USAGE = re.compile(rb'"(prompt_tokens|input_tokens|cached_tokens|cache_read_input_tokens)"'
                     rb'\s*:\s*(\d+)')
+
+
+_PROMPT_MS = re.compile(rb'"prompt_ms"\s*:\s*([0-9.eE+-]+)')
+
+
+def prompt_seconds(tail: bytes) -> float | None:
+    """The seconds llama-server spent on the prompt (its last `timings.prompt_ms`)."""
+    found = _PROMPT_MS.findall(tail)
+    try:
+        return float(found[-1]) / 1000 if found else None
+    except ValueError:
+        return None
+
+
+def cache_ram_bytes(spec) -> int | None:
+    """llama-server's RAM prompt cache for `spec` in bytes (--cache-ram /
+    -cram / LLAMA_ARG_CACHE_RAM, MiB; its default 8192): 0 when off, None when
+    unbounded (-1)."""
+    value = spec.env.get("LLAMA_ARG_CACHE_RAM")
+    args = list(spec.args)
+    for i, a in enumerate(args[:-1]):
+        if a in ("--cache-ram", "-cram"):
+            value = args[i + 1]
+    try:
+        mib = int(value) if value is not None else DEFAULT_CACHE_RAM_MIB
+    except ValueError:
+        mib = DEFAULT_CACHE_RAM_MIB
+    return None if mib < 0 else mib << 20
+
+
+def _number(v) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
 
 def prompt_counts(tail: bytes) -> tuple[int, int] | None:

@@ -42,6 +42,7 @@ class Lease:
         self.ticket = ticket
         self._lock = threading.Lock()
         self.finished = False
+        self.conversation = None     # its conversation (swapper/conversations.py), if told
 
     @property
     def model(self) -> str:

@@ -92,6 +92,10 @@ class SwapperMetrics:
             "each restore, by model and prompt (reused: taken from the cache, as "
             "llama-server's timings.cache_n says; processed: prefilled, prompt_n).",
             ("model", "prompt"), registry=r)
+        self._swap_phase = Histogram(
+            "swapper_swap_phase_seconds", "Seconds of each phase of a swap (stop, save, "
+            "start, healthy, restore) and of each restored conversation's first prompt "
+            "(reprefill).", ("phase",), buckets=common.LOAD_BUCKETS, registry=r)
         self._kv_disk = Gauge(
             "swapper_kv_cache_disk_bytes", "Bytes of saved slot state on disk (all models).",
             registry=r)
@@ -172,6 +176,11 @@ class SwapperMetrics:
         """The first answer after a restore of `model` reused and processed these."""
         self._kv_first.labels(model, "reused").inc(reused)
         self._kv_first.labels(model, "processed").inc(processed)
+
+    def swap_phase(self, phase: str, seconds: float) -> None:
+        """One phase of a swap took `seconds` (swapper/swaps.py: stop, save, start,
+        healthy, restore; reprefill: a restored conversation's first prompt)."""
+        self._swap_phase.labels(phase).observe(seconds)
 
     def kv_disk(self, nbytes: int) -> None:
         self._kv_disk.set(nbytes)

@@ -22,6 +22,7 @@ from common.streaming import NO_BUFFERING
 from . import intake
 from . import progress as prefill
 from .fanout import FANOUT_PATHS, requested_n, serves_natively
+from .conversations import Conversation, conversation_of
 from .lease import OPERATOR, SESSION, Lease
 from .registry import ModelSpec
 from .runtime import auth_headers
@@ -90,6 +91,8 @@ def running():
     snap["backend"] = {"container": backend.name, "url": backend.url} if backend else None
     snap["slots"] = spec.slots if spec else None
     snap["last_load_seconds"] = sw.driver.last_load_seconds
+    # what the last swap cost by phase, and the serving share (swapper/swaps.py)
+    snap["swaps"] = sw.driver.ledger.status()
     snap["published"] = f"{sw.settings.BACKEND_BIND}:{sw.settings.BACKEND_PUBLISH_PORT}"
     return jsonify(snap)
 
@@ -259,11 +262,16 @@ def v1(path: str):
         if request.mimetype != "application/json":
             # A JSON body sent as a form (curl -d): tell the backend what it is.
             headers = {**dict(headers), "Content-Type": "application/json"}
-    return _pass_through(spec, target, query, body, headers, stream, progress)
+    # Which conversation it is, for the prompt caches across swaps (swapper/kvcache.py).
+    conversation = conversation_of(parsed.route, target, payload, body) \
+        if sw.driver.kv.enabled(spec) else None
+    return _pass_through(spec, target, query, body, headers, stream, progress, conversation)
 
 
 def _pass_through(spec: ModelSpec, target: str, query: str, body: bytes, headers=None,
-                  stream: bool = False, progress: bool = False):
+                  stream: bool = False, progress: bool = False,
+                  conversation: Conversation | None = None):
     return parts().forwarder.forward(spec.id, request.method, target, query,
                                      request.headers if headers is None else headers,
-                                     body or None, request.environ, stream, progress)
+                                     body or None, request.environ, stream, progress,
+                                     conversation)

@@ -23,6 +23,7 @@ on the Docker SDK, the unit tests' fake in memory.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -84,6 +85,8 @@ class Backend:
     name: str
     url: str
     key: str | None = field(default=None, repr=False, compare=False)
+    # seconds its start waited for its health (set once it is ready)
+    healthy_seconds: float | None = field(default=None, repr=False, compare=False)
 
 
 # Where each kind of backend reads its API key (its --api-key, from the
@@ -342,7 +345,9 @@ class DockerRuntime:
         try:
             self._remove_running(but=backend.container_id)      # never two
             self._start_container(spec, backend)
+            t0 = time.monotonic()
             self._wait_ready(spec, backend, on_progress)
+            backend = dataclasses.replace(backend, healthy_seconds=time.monotonic() - t0)
         except BaseException:
             try:
                 self._remove_quietly(backend.container_id)

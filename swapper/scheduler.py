@@ -164,6 +164,7 @@ class Scheduler:
         self._seq = itertools.count(1)
         self._queue: list[Ticket] = []       # waiting, FIFO
         self._active: set[Ticket] = set()    # admitted, not yet released
+        self.on_in_flight: Callable[[int], None] | None = None   # told len(_active)
         self.phase = IDLE
         self.model: str | None = None        # loading / ready / stopping model
         self.epoch = 0
@@ -274,6 +275,7 @@ class Scheduler:
         if ticket not in self._active:
             return
         self._active.discard(ticket)
+        self._told_in_flight()
         ticket.state = "done"
         now = self.last_activity = self._clock()
         if ok and ticket.model:
@@ -719,10 +721,18 @@ class Scheduler:
     def _admit(self, t: Ticket) -> None:
         self._queue.remove(t)
         self._active.add(t)
+        self._told_in_flight()
         t.state = "admitted"
         t.backend = self._backend
         self.last_activity = t.admitted_at = self._clock()
         t.event.set()
+
+    def _told_in_flight(self) -> None:
+        if self.on_in_flight is not None:
+            try:
+                self.on_in_flight(len(self._active))
+            except Exception:  # an accounting bug must never wedge scheduling
+                pass
 
     def _join_epoch(self, model: str) -> None:
         for t in self._queue:

@@ -84,6 +84,9 @@ class Settings:
     KV_CACHE_MAX_GB: float = setting(20.0, min=0)       # total on disk; least recently used go
     KV_CACHE_SAVE_TIMEOUT: float = setting(30.0, min=0)     # per stop, all slots; 0: never save
     KV_CACHE_RESTORE_TIMEOUT: float = setting(30.0, min=0)  # per load, all slots; 0: never restore
+    # Conversations kept per model (one-slot backends): saved before a stop, restored
+    # into llama-server's RAM prompt cache at the next load; the least recent go first.
+    KV_CACHE_CONVERSATIONS: int = setting(8, min=1, max=256)
     # Downloads on first use (swapper/download.py): a model whose files are missing
     # is fetched when first asked for, by download-model.sh's code (scripts/models.py)
     # from the files of scripts/models.toml. AUTO_DOWNLOAD=0: a 409 naming

@@ -225,7 +225,16 @@ class FakeSlotServer:
     (bytes missing from a saved file while n_written tells them all),
     `die_on_restore` (the server closes the connection, as an aborting
     llama-server does). `calls` records (action, slot, filename); `restored`
-    maps a slot to the tokens it got back."""
+    maps a slot to the tokens it got back.
+
+    Completions too (`/v1/chat/completions`, `/v1/messages`, `/v1/responses`,
+    `/completion`), as a one-slot llama-server with its RAM prompt cache: a
+    prompt is its request's conversation rendered as text, one character a
+    token; the slot holds `texts[0]` (prompt and answer); a prompt that does not
+    continue it moves it to `ram` and takes the longest entry of `ram` it
+    continues; the answer's `timings` say the tokens reused (cache_n) and
+    processed (prompt_n). Saves and restores carry the slot's text. `answered`
+    lists (path, body) of every completion."""
 
     def __init__(self, folder, slots: int = 2, model_path: str = "/models/m.gguf",
                  build: str = "b1-test", bytes_per_token: int = 100):
@@ -244,6 +253,10 @@ class FakeSlotServer:
         self.die_on_restore = False
         self.calls: list[tuple[str, int, str]] = []
         self.restored: dict[int, int] = {}
+        self.texts: dict[int, str] = {}
+        self.ram: list[str] = []
+        self.answered: list[tuple[str, dict]] = []
+        self.completion_status = 200
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -281,6 +294,11 @@ class FakeSlotServer:
 
             def do_POST(self):
                 url = urlparse(self.path)
+                if url.path in ("/v1/chat/completions", "/v1/messages", "/v1/responses",
+                                "/completion"):
+                    n = int(self.headers.get("Content-Length") or 0)
+                    body = _json.loads(self.rfile.read(n) or b"{}")
+                    return self._send(*fake.complete(url.path, body))
                 action = parse_qs(url.query).get("action", [""])[0]
                 sid = int(url.path.rsplit("/", 1)[1])
                 n = int(self.headers.get("Content-Length") or 0)
@@ -294,9 +312,10 @@ class FakeSlotServer:
                         return self._send(fake.save_status, {"error": "cannot save"})
                     tokens = fake.prompts[sid]
                     size = 8 + tokens * fake.bytes_per_token
+                    text = fake.texts.get(sid, "").encode() + b"\0"
                     with open(path, "wb") as f:
-                        f.write(tokens.to_bytes(8, "little")
-                                + bytes([sid + 1]) * (size - 8 - fake.short_write))
+                        f.write((tokens.to_bytes(8, "little") + text
+                                 + bytes([sid + 1]) * size)[:size - fake.short_write])
                     return self._send(200, {"id_slot": sid, "filename": name,
                                             "n_saved": tokens, "n_written": size})
                 if action == "restore":
@@ -311,14 +330,57 @@ class FakeSlotServer:
                     tokens = int.from_bytes(data[:8], "little")
                     fake.restored[sid] = tokens
                     fake.prompts[sid] = tokens
+                    text = data[8:].split(b"\0", 1)[0].decode(errors="replace")
+                    if text:
+                        fake.texts[sid] = text
                     return self._send(200, {"id_slot": sid, "filename": name,
                                             "n_restored": tokens, "n_read": len(data)})
                 self._send(400, {"error": "bad action"})
 
+        self._lock = threading.Lock()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @staticmethod
+    def render(path: str, body: dict) -> str:
+        """A request's prompt as text (one character a token)."""
+        if path == "/completion":
+            return str(body.get("prompt", ""))
+        head = {k: body.get(k) for k in ("system", "instructions", "tools") if k in body}
+        items = body.get("input" if path == "/v1/responses" else "messages")
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+        import json as _json
+        return _json.dumps(head, sort_keys=True) + "".join(
+            "<" + _json.dumps(m, sort_keys=True) + ">" for m in items or [])
+
+    def complete(self, path: str, body: dict) -> tuple[int, dict]:
+        """llama-server's slot choice for a one-slot server with a RAM cache."""
+        with self._lock:
+            self.answered.append((path, body))
+            if self.completion_status != 200:
+                return self.completion_status, {"error": {"message": "refused"}}
+            prompt = self.render(path, body)
+            held = self.texts.get(0, "")
+            if held and prompt.startswith(held[:max(len(held) - 1, 1)]) and \
+                    _common(held, prompt) * 2 >= len(held):
+                cached = _common(held, prompt)
+            else:
+                if held:
+                    self.ram.append(held)
+                best = max((t for t in self.ram if _common(t, prompt) * 4 >= len(t)),
+                           key=lambda t: _common(t, prompt), default="")
+                if best:
+                    self.ram.remove(best)
+                cached = _common(best, prompt)
+            cached = min(cached, len(prompt) - 1) if prompt else 0
+            n = body.get("max_tokens", body.get("max_output_tokens", body.get("n_predict", 4)))
+            self.texts[0] = prompt + "#" * int(n or 1)
+            self.prompts[0] = len(self.texts[0])
+            return 200, {"choices": [{"message": {"content": "ok"}}],
+                         "timings": {"cache_n": cached, "prompt_n": len(prompt) - cached,
+                                     "prompt_ms": float(len(prompt) - cached)}}
 
     def __enter__(self):
         self._thread.start()
@@ -327,6 +389,11 @@ class FakeSlotServer:
     def __exit__(self, *exc):
         self._server.shutdown()
         self._server.server_close()
+
+
+def _common(a: str, b: str) -> int:
+    """The length of the common prefix of `a` and `b`."""
+    return len(os.path.commonprefix([a, b]))
 
 
 TINY_REPO = "org/SmolLM2-GGUF"      # where FakeHub.tiny_a serves the test bed's GGUF

@@ -137,8 +137,8 @@ def test_a_swap_saves_the_slots_holding_a_prompt_before_the_stop(w):
     assert meta["fingerprint"]["build"] == "b1-test"
     saving = [f for e, f in w.events if e == "saving" and f.get("done")]
     assert len(saving) == 1 and saving[0].pop("seconds") < 5
-    assert saving == [{"model": "a", "done": True, "slots": [1], "tokens": 40,
-                       "bytes": meta["bytes"]}]
+    assert saving == [{"model": "a", "done": True, "slots": [1], "saved": ["slot1"],
+                       "tokens": 40, "bytes": meta["bytes"]}]
     assert sample(w.metrics.collectors, "swapper_kv_cache_bytes_total", model="a",
                   direction="saved") == meta["bytes"]
 
@@ -411,7 +411,8 @@ def test_the_first_answer_after_a_restore_is_counted_once(w):
     assert sample(w.metrics.collectors, "swapper_kv_cache_first_answer_tokens_total",
                   model="a", prompt="processed") == 3
     (reused,) = [f for e, f in w.events if e == "reused"]
-    assert reused == {"model": "a", "restored": 70, "reused": 29, "processed": 3}
+    assert reused == {"model": "a", "conversation": None, "restored": 70, "reused": 29,
+                      "processed": 3, "prompt_seconds": None}
 
 
 def test_a_restore_nobody_asked_for_counts_nothing(w):
