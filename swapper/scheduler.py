@@ -21,26 +21,11 @@ Policy
   waits, the resident model is stopped (drained by construction) and the next
   model is loaded; every waiting request for that model joins the new epoch
   (A B A B -> A A B B, grouped by model).
-- Holds (policy "hold", the default; "fifo" is the policy without them). A
-  request that ends well on the resident model gives its *session* (the agent
-  that sent it, swapper/sessions.py) a hold: `first_hold` seconds, then (once
-  it has come back) twice its longest recent gap plus a second, at most `hold`.
-  That session's
-  next request for the resident model joins the epoch although other models
-  wait, and the resident model is not stopped while a hold runs. An agent's turn
-  (answer, tool call, next request) so stays on the model it started on. Holds
-  end early: the session asks for another model, hangs up or fails; an operator
-  `/load` of another model or an `/unload` waits; and when the *quantum* is
-  spent: other models' requests have waited `quantum_factor` x the next model's
-  expected load time (clamped to [quantum_min, quantum_max]), counted from when
-  the resident model was ready at the earliest. So the time lost to loads stays
-  about 1 / (1 + quantum_factor) of the GPU's time at most, and no request waits
-  longer than the quantum, the resident's in-flight requests and its own load.
-- Which model next (hold policy): an operator's load or unload first; else the
-  model whose requests have waited most in all (the sum of their ages), per
-  second of its expected load; a request that has waited quantum_max goes first
-  whatever; the resident model, whose quantum just ended, only when no other
-  model waits. fifo: the model of the oldest waiting request.
+- The swap policy (swapper/policy.py: `Hold`, the default, or `Fifo`) has
+  the word on the rest, and the scheduler asks it: whether a session's next
+  request for the ready model joins its epoch although other models wait, whether
+  the drained resident model is kept for its agents' next turns (holds), and
+  which model goes next.
 - A failed load fails the requests of its epoch with the error. A crash of the
   resident model removes its container; waiting requests trigger a reload,
   delayed by an exponential backoff while the model keeps failing.
@@ -55,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .loadtimes import LoadTimes
+from .policy import FIFO, HOLD, Policy, Stint, SwapPolicy, operator_waits, short  # noqa: F401
 
 
 class SchedulerError(Exception):
@@ -79,28 +65,6 @@ class LoadFailed(SchedulerError):
 
 class Cancelled(SchedulerError):
     pass
-
-
-HOLD, FIFO = "hold", "fifo"
-
-
-@dataclass(frozen=True)
-class SwapPolicy:
-    """How long a model is kept for its agents' next turns (see the module)."""
-    name: str = HOLD
-    hold: float = 10.0              # seconds a session's next request goes first, at most
-    first_hold: float = 3.0         # ... before the session has come back once
-    quantum_factor: float = 3.0     # x the waiting model's expected load time
-    quantum_min: float = 5.0
-    quantum_max: float = 300.0
-    unknown_load: float = 10.0      # the expected load time of a model never loaded
-    max_holds: int = 256            # sessions held at once (more: no new holds)
-
-    @classmethod
-    def from_settings(cls, s) -> "SwapPolicy":
-        return cls(name=s.SWAP_POLICY, hold=s.HOLD_SECONDS, first_hold=s.HOLD_FIRST_SECONDS,
-                   quantum_factor=s.QUANTUM_FACTOR,
-                   quantum_min=s.QUANTUM_MIN_SECONDS, quantum_max=s.QUANTUM_MAX_SECONDS)
 
 
 IDLE, LOADING, READY, STOPPING = "idle", "loading", "ready", "stopping"
@@ -155,7 +119,6 @@ class Scheduler:
                  clock: Callable[[], float] = time.monotonic,
                  load_times: LoadTimes | None = None, policy: SwapPolicy | None = None):
         self._slots = slots
-        self.policy = policy or SwapPolicy()
         self.max_queue = max_queue
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
@@ -177,6 +140,9 @@ class Scheduler:
         self.progress: dict = {}                  # the running load's latest progress
         # Past load durations per model: the ETA of a load (swapper/loadtimes.py).
         self.load_times = load_times or LoadTimes()
+        # Holds and which model next (swapper/policy.py).
+        self.policy: Policy = (policy or SwapPolicy()).build(
+            clock, lambda m: self.load_times.expected(m), self._emit)
         self.last_swap_seconds: float | None = None   # a stop's start to the next ready
         self._swap_t0: tuple[float, str] | None = None  # (when, model) of the last stop
         self._load_delay = 0.0                  # the running load's backoff, seconds
@@ -190,12 +156,7 @@ class Scheduler:
         self._download_jobs: list[str] = []        # downloads for the downloader to start
         self._download_started: dict[str, float] = {}
         self._listeners: list[Callable[[str, dict], None]] = []
-        # Holds (see the module): session -> when its hold ends, for the resident
-        # epoch only (cleared whenever the phase changes).
-        self._holds: dict[str, float] = {}
-        self._gaps = _Gaps()                   # each session's recent tool-call gaps
-        self._wake_at: float | None = None     # when a running hold or quantum ends
-        self._holding_since: float | None = None
+        self._wake_at: float | None = None     # when the policy's hold may end
         self._stopped: str | None = None       # the model stopped last
         self._load_cause = "request"           # why the running load was started
         # The GPU's time lost to loads: (when, seconds) of the last hour's loads.
@@ -218,14 +179,13 @@ class Scheduler:
             if len(self._queue) + count > self.max_queue:
                 raise QueueFull(len(self._queue))
             if session is not None:
-                self._gaps.came_back(session, self._clock(), self.policy.hold)
-                if model != self.model:
-                    self._break_hold(session, "other_model")   # its turn moved on
+                self.policy.came(session, model, self._stint())
             joins = model is not None and model == self.model and (
                 self.phase == LOADING or (self.phase == READY and (
-                    not self._others_waiting() or self._in_turn(session))))
+                    not self._others_waiting() or self.policy.in_turn(
+                        session, self._stint(), self._eligible(), self._active))))
             if joins and self.phase == READY and self._others_waiting():
-                self._emit("hold_used", model=model, session=_short(session))
+                self._emit("hold_used", model=model, session=short(session))
             if model is not None and model in self._missing and model not in self.downloads:
                 self._start_download(model)
             tickets = []
@@ -254,7 +214,7 @@ class Scheduler:
         """The client went away: leave the queue, or give the slot back."""
         with self._cv:
             if ticket.session is not None:
-                self._break_hold(ticket.session, "client_gone")
+                self.policy.gone(ticket.session, self._stint())
             if ticket.state == "waiting" and ticket in self._queue:
                 self._queue.remove(ticket)
                 ticket.state = "cancelled"
@@ -277,20 +237,11 @@ class Scheduler:
         self._active.discard(ticket)
         self._told_in_flight()
         ticket.state = "done"
-        now = self.last_activity = self._clock()
+        self.last_activity = self._clock()
         if ok and ticket.model:
             self._failures.pop(ticket.model, None)
         if ticket.session is not None:
-            if not ok:
-                self._break_hold(ticket.session,
-                                 "client_gone" if cause == "client_gone" else "failed")
-            elif (self.policy.name == HOLD and self.phase == READY
-                  and ticket.model == self.model and ticket.epoch == self.epoch
-                  and (ticket.session in self._holds or len(self._holds) < self.policy.max_holds)
-                  and not any(t.session == ticket.session and t.model != self.model
-                              for t in self._queue)):     # its turn moved on already
-                self._holds[ticket.session] = now + self._hold_for(ticket.session)
-            self._gaps.released(ticket.session, now)
+            self.policy.released(ticket, ok, cause, self._stint(), self._queue)
         self._schedule()
 
     # ------------------------------------------------------------------ driver
@@ -524,7 +475,8 @@ class Scheduler:
                 if self.phase == LOADING else None,
                 "last_swap_seconds": self.last_swap_seconds,
                 "policy": self.policy.name,
-                "hold": self._hold_status(),
+                "hold": None if self._wake_at is None else   # while the policy holds
+                self.policy.status(self._eligible(), self._stint()),
                 **self._load_cost(),
             }
 
@@ -537,18 +489,6 @@ class Scheduler:
         return {"loads_last_hour": len(self._loaded),
                 "load_seconds_last_hour": round(sum(s for _, s in self._loaded), 1),
                 "load_seconds_total": round(self.load_seconds_total, 1)}
-
-    def _hold_status(self) -> dict | None:
-        """While holds keep the resident model from other models' requests:
-        how many sessions, until when at most, when the quantum ends."""
-        if self._holding_since is None or self._wake_at is None or not self._holds:
-            return None
-        now = self._clock()
-        queue = self._eligible()
-        return {"sessions": len(self._holds),
-                "until_seconds": round(max(0.0, max(self._holds.values()) - now), 1),
-                "quantum_ends_in": round(max(0.0, self._quantum_end(queue) - now), 1),
-                "waiting_model": self._next_model(queue) if queue else None}
 
     def _eta(self, model: str, elapsed: float) -> dict:
         """{expected_seconds, eta_seconds} of a load of `model` running `elapsed`
@@ -586,9 +526,11 @@ class Scheduler:
                     in_epoch += 1
             queue = self._eligible()
             if in_epoch == 0 and queue and not any(t.epoch == self.epoch for t in queue):
-                if self._held(queue):
-                    return                  # its sessions' next turns go first
-                model = self._next_model(queue)
+                wake = self.policy.held(queue, self._stint())
+                if wake is not None:
+                    self._wake_at = wake    # its sessions' next turns go first
+                    return
+                model = self.policy.next_model(queue, self._stint())
                 if model == self.model:
                     # What waited behind a cancelled swap: a new epoch, no swap needed.
                     self.epoch += 1
@@ -602,7 +544,7 @@ class Scheduler:
             if not queue:
                 self._swap_t0 = None        # an unload: no load followed the stop
             if queue:
-                model = self._next_model(queue)
+                model = self.policy.next_model(queue, self._stint())
                 urgent = any(t.urgent for t in queue if t.model == model)
                 failures = self._failures.get(model, 0)
                 self._load_cause = "operator" if urgent else "restart" if failures else "request"
@@ -615,108 +557,17 @@ class Scheduler:
                 self._post(Action("load", model, self.epoch, delay, cause=self._load_cause))
         # LOADING and STOPPING wait for the driver.
 
-    # ------------------------------------------------------------- holds
-    def _in_turn(self, session: str | None) -> bool:
-        """May a request of `session` for the ready model join its epoch while
-        other models wait? While its hold runs or it has a request in flight,
-        within the quantum, with no operator's action waiting."""
-        if self.policy.name != HOLD or session is None:
-            return False
-        now = self._clock()
-        if not (self._holds.get(session, 0.0) > now
-                or any(t.session == session and t.epoch == self.epoch for t in self._active)):
-            return False
-        queue = self._eligible()
-        return not self._operator_waits(queue) and now < self._quantum_end(queue)
-
-    def _held(self, queue: list[Ticket]) -> bool:
-        """Does a running hold keep the drained resident model while `queue`
-        (other models') waits? Sets _wake_at to when that stops being so."""
-        if (self.policy.name != HOLD or not self._holds or self._operator_waits(queue)
-                or all(t.model == self.model for t in queue)):
-            self._holding_since = None
-            return False
-        now = self._clock()
-        for session, until in list(self._holds.items()):
-            if until <= now:
-                del self._holds[session]
-                if self._holding_since is not None:
-                    self._emit("hold_expired", model=self.model, session=_short(session))
-        quantum_end = self._quantum_end(queue)
-        if not self._holds or now >= quantum_end:
-            return False
-        self._wake_at = min(max(self._holds.values()), quantum_end)
-        if self._holding_since is None:
-            self._holding_since = now
-            self._emit("holding", model=self.model, sessions=len(self._holds),
-                       until_seconds=round(max(self._holds.values()) - now, 1),
-                       quantum_ends_in=round(quantum_end - now, 1),
-                       waiting=self._next_model(queue))
-        return True
+    def _stint(self) -> Stint:
+        """What the policy sees of the state."""
+        return Stint(self.model, self.epoch, self.since if self.phase == READY else None,
+                     self.model if self.phase != IDLE else self._stopped)
 
     def _stop_cause(self, queue: list[Ticket]) -> str:
         if any(t.model is None for t in queue):
             return "unload"
-        if self._operator_waits(queue):
+        if operator_waits(queue):
             return "operator"
-        if self._holds and self.policy.name == HOLD:
-            self._emit("quantum_spent", model=self.model, sessions=len(self._holds))
-            return "quantum"
-        return "swap"
-
-    @staticmethod
-    def _operator_waits(queue: list[Ticket]) -> bool:
-        return any(t.urgent or t.model is None for t in queue)
-
-    def _expected_load(self, model: str | None) -> float:
-        exp = self.load_times.expected(model)
-        return self.policy.unknown_load if exp is None else exp
-
-    def _quantum_end(self, queue: list[Ticket]) -> float:
-        """When the resident model's stint ends for the models waiting in
-        `queue`: the quantum, priced by the next model's load, counted from the
-        oldest wait, but not from before the resident model was ready."""
-        others = [t for t in queue if t.model != self.model or t.epoch != self.epoch]
-        if not others:
-            return float("inf")
-        p = self.policy
-        quantum = min(max(p.quantum_factor * self._expected_load(self._next_model(others)),
-                          p.quantum_min), p.quantum_max)
-        start = max(self.since if self.phase == READY else self._clock(),
-                    min(t.queued_at for t in others))
-        return start + quantum
-
-    def _next_model(self, queue: list[Ticket]) -> str | None:
-        """The model to serve next among those waiting (see the module)."""
-        if self.policy.name != HOLD:
-            return queue[0].model
-        operator = [t for t in queue if t.urgent or t.model is None]
-        if operator:
-            return operator[0].model
-        now = self._clock()
-        if now - queue[0].queued_at >= self.policy.quantum_max:
-            return queue[0].model           # waited long enough: first, whatever
-        ages: dict[str, float] = {}
-        for t in queue:
-            ages[t.model] = ages.get(t.model, 0.0) + (now - t.queued_at) + 1.0
-        if len(ages) > 1:                   # its quantum ended: others first
-            ages.pop(self.model if self.phase != IDLE else self._stopped, None)
-        # Highest waiting per second of load; ties: the oldest (dict order).
-        return max(ages, key=lambda m: ages[m] / max(1.0, self._expected_load(m)))
-
-    def _hold_for(self, session: str) -> float:
-        """A session's hold: twice its longest recent gap between an answer and
-        its next request, plus a second, at most `hold`; `first_hold` until it
-        has come back once (one-shot clients hold little): an agent whose tools
-        take 1 s does not keep a model 10 s after its last turn."""
-        gap = self._gaps.longest(session)
-        if gap is None:             # its first turn: it may never come back
-            return min(self.policy.hold, self.policy.first_hold)
-        return min(self.policy.hold, 2 * gap + 1.0)
-
-    def _break_hold(self, session: str, why: str) -> None:
-        if self._holds.pop(session, None) is not None:
-            self._emit("hold_broken", model=self.model, session=_short(session), reason=why)
+        return self.policy.stop_cause(self._stint())
 
     def _admit(self, t: Ticket) -> None:
         self._queue.remove(t)
@@ -742,7 +593,7 @@ class Scheduler:
     def _start_stop(self, cause: str) -> None:
         model = self.model
         queue = [t for t in self._eligible() if t.model is not None]
-        waiting = self._next_model(queue) if queue else None
+        waiting = self.policy.next_model(queue, self._stint()) if queue else None
         self._set_phase(STOPPING, model)
         self._stopped = model
         self._swap_t0 = (self.since, model)     # a swap when another model's load follows
@@ -761,8 +612,8 @@ class Scheduler:
         old, old_since = (self.phase, self.model), self.since
         self.phase, self.model = phase, model
         if old != (phase, model):
-            self._holds.clear()             # holds belong to one residency
-            self._holding_since = self._wake_at = None
+            self.policy.new_stint()         # holds belong to one residency
+            self._wake_at = None
         self.since = self._clock()
         if phase != LOADING:
             self.progress = {}
@@ -799,41 +650,6 @@ class Scheduler:
             self._backend = backend
             self._set_phase(READY, model)
             self._schedule()
-
-
-class _Gaps:
-    """Each session's last few gaps (its request's end to its next request),
-    for the last MAX sessions seen."""
-    MAX, KEEP = 1024, 3
-
-    def __init__(self):
-        self._released: collections.OrderedDict[str, float] = collections.OrderedDict()
-        self._gaps: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
-
-    def released(self, session: str, now: float) -> None:
-        self._released[session] = now
-        self._released.move_to_end(session)
-        while len(self._released) > self.MAX:
-            self._released.popitem(last=False)
-
-    def came_back(self, session: str, now: float, cap: float) -> None:
-        t = self._released.pop(session, None)
-        if t is None:
-            return
-        gaps = self._gaps.pop(session, [])
-        gaps = (gaps + [min(cap, max(0.0, now - t))])[-self.KEEP:]
-        self._gaps[session] = gaps
-        while len(self._gaps) > self.MAX:
-            self._gaps.popitem(last=False)
-
-    def longest(self, session: str) -> float | None:
-        gaps = self._gaps.get(session)
-        return max(gaps) if gaps else None
-
-
-def _short(session: str | None) -> str | None:
-    """A session as events and /running show it (its key is already a digest)."""
-    return None if session is None else session[:12]
 
 
 def _count(items) -> dict:

@@ -1,6 +1,6 @@
-"""The hold policy (swapper/scheduler.py): a model is held through its agents'
-turns, for at most a quantum priced by the waiting model's load; driven by hand
-on a hand-moved clock (no Docker, no threads)."""
+"""The hold policy (swapper/policy.py) through the scheduler: a model is held
+through its agents' turns, for at most a quantum priced by the waiting model's
+load; driven by hand on a hand-moved clock (no Docker, no threads)."""
 import random
 
 import pytest
@@ -220,7 +220,7 @@ def test_thousands_of_sessions_gain_nothing_beyond_the_quantum():
     s = make(clock, slots={"x": 4}, loads={"x": 2, "y": 2})    # quantum 6 s
     for n in range(1000):                    # sessions that all hold x
         s.release(ready(s, "x", f"s{n}"))
-    assert len(s._holds) == s.policy.max_holds
+    assert len(s.policy.holds) == s.policy.settings.max_holds
     b = s.submit("y", "B")
     fresh = s.submit("x", "a-new-id-per-request")
     assert fresh.state == "waiting"          # a new id holds nothing
@@ -376,7 +376,7 @@ def test_a_hold_is_priced_by_the_sessions_own_gaps():
     s = make(clock)
     t = ready(s, "x", "fast")
     s.release(t)
-    assert s._holds["fast"] - clock.now == 3.0      # never came back yet: first_hold
+    assert s.policy.holds["fast"] - clock.now == 3.0      # never came back yet: first_hold
     for _ in range(3):
         clock.now += 0.2
         t = s.submit("x", "fast")
@@ -393,7 +393,7 @@ def test_a_hold_is_priced_by_the_sessions_own_gaps():
         slow._clock.now += gap
         t = slow.submit("x", "slow")
     slow.release(t)
-    assert slow._holds["slow"] - slow._clock.now == 10.0
+    assert slow.policy.holds["slow"] - slow._clock.now == 10.0
 
 
 def test_a_session_already_waiting_for_another_model_gets_no_hold():
