@@ -133,7 +133,7 @@ class Downloads:
 
     def run(self) -> None:
         while True:
-            model = self.scheduler.next_download(timeout=None)
+            model = self.scheduler.downloads.next_job(timeout=None)
             if model is None:
                 continue
             # Its place on its disk is taken here, in the order the downloads were
@@ -296,7 +296,7 @@ class Progress:
 
     def waiting(self, before: str | None) -> None:
         """The download waits for `before`'s on the same disk (None: no more)."""
-        self.scheduler.download_progress(self.model, self.done, self.total, waiting_for=before)
+        self.scheduler.downloads.progress(self.model, self.done, self.total, waiting_for=before)
 
     def report(self, force: bool = False) -> None:
         now = self._clock()
@@ -311,4 +311,4 @@ class Progress:
         eta = None
         if rate and self.total is not None and rate > 0:
             eta = max(0.0, (self.total - self.done) / rate)
-        self.scheduler.download_progress(self.model, self.done, self.total, rate, eta)
+        self.scheduler.downloads.progress(self.model, self.done, self.total, rate, eta)

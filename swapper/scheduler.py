@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .downloadqueue import OTHER_PROCESS, DownloadQueue  # noqa: F401
 from .loadtimes import LoadTimes
 from .policy import FIFO, HOLD, Policy, Stint, SwapPolicy, operator_waits, short  # noqa: F401
 
@@ -71,9 +72,6 @@ IDLE, LOADING, READY, STOPPING = "idle", "loading", "ready", "stopping"
 
 # The event each phase change publishes (for the model that phase is about).
 PHASE_EVENTS = {LOADING: "load_started", READY: "ready", STOPPING: "unloading", IDLE: "unloaded"}
-# A download's `waiting_for` when another process holds MODELS_DIR (scripts/models.py's
-# models_dir_lock): ./download-model.sh run by hand, or a second swapper.
-OTHER_PROCESS = "another process"
 
 
 @dataclass(eq=False)
@@ -148,13 +146,8 @@ class Scheduler:
         self._load_delay = 0.0                  # the running load's backoff, seconds
         # Downloads on first use (swapper/download.py). A model whose files are
         # missing (the driver says so: mark_missing) is downloaded when first
-        # asked for; meanwhile its requests are parked: they wait in the queue
-        # but take no part in the policy (no swap, no stop of the resident model),
-        # so other models are served during the download.
-        self._missing: set[str] = set()
-        self.downloads: dict[str, dict] = {}       # model -> progress of its download
-        self._download_jobs: list[str] = []        # downloads for the downloader to start
-        self._download_started: dict[str, float] = {}
+        # asked for; meanwhile its requests are parked (swapper/downloadqueue.py).
+        self.downloads = DownloadQueue(self._cv, clock, self._emit)
         self._listeners: list[Callable[[str, dict], None]] = []
         self._wake_at: float | None = None     # when the policy's hold may end
         self._stopped: str | None = None       # the model stopped last
@@ -186,7 +179,7 @@ class Scheduler:
                         session, self._stint(), self._eligible(), self._active))))
             if joins and self.phase == READY and self._others_waiting():
                 self._emit("hold_used", model=model, session=short(session))
-            if model is not None and model in self._missing and model not in self.downloads:
+            if self.downloads.wanted(model):
                 self._start_download(model)
             tickets = []
             now = self._clock()
@@ -347,38 +340,16 @@ class Scheduler:
         with self._cv:
             for m in models:
                 if m != self.model or self.phase == IDLE:
-                    self._missing.add(m)
-
-    def next_download(self, timeout: float | None = None) -> str | None:
-        """The downloader's next model to fetch, waiting up to `timeout`."""
-        with self._cv:
-            if not self._download_jobs:
-                self._cv.wait_for(lambda: bool(self._download_jobs), timeout)
-            return self._download_jobs.pop(0) if self._download_jobs else None
-
-    def download_progress(self, model: str, done: int, total: int | None,
-                          rate: float | None = None, eta: float | None = None,
-                          waiting_for: str | None = None) -> None:
-        """A download's bytes so far, or (`waiting_for`) the model whose download
-        on the same disk it waits for."""
-        with self._cv:
-            d = self.downloads.get(model)
-            if d is None:
-                return
-            d.update(done_bytes=done, total_bytes=total,
-                     bytes_per_second=None if rate is None else round(rate),
-                     eta_seconds=None if eta is None else round(eta, 1),
-                     waiting_for=waiting_for)
-            self._emit("download_progress", **d)
+                    self.downloads.missing.add(m)
 
     def download_done(self, model: str, error: LoadFailed | None = None) -> None:
         """The download of `model` ended: its parked requests take part in the
         policy again (so it loads), or they fail with the download's error."""
         with self._cv:
-            d = self.downloads.pop(model, None)
-            if d is None:
+            ended = self.downloads.end(model, ok=error is None)
+            if ended is None:
                 return
-            seconds = round(self._clock() - self._download_started.pop(model, self._clock()), 3)
+            d, seconds = ended
             if error is not None:
                 for t in [t for t in self._queue if t.model == model]:
                     self._queue.remove(t)
@@ -388,7 +359,6 @@ class Scheduler:
                 self._emit("download_failed", model=model, error=str(error), cause=error.kind,
                            seconds=seconds)
             else:
-                self._missing.discard(model)
                 self._last_error.pop(model, None)
                 self._emit("downloaded", model=model, seconds=seconds,
                            total_bytes=d.get("total_bytes"))
@@ -405,20 +375,14 @@ class Scheduler:
             for t in self._queue:
                 if t.epoch == epoch:
                     t.epoch = None
-            self._missing.add(model)
-            if model not in self.downloads:
+            self.downloads.missing.add(model)
+            if self.downloads.wanted(model):
                 self._start_download(model)
             self._schedule()
 
     def _start_download(self, model: str) -> None:
-        self._download_started[model] = self._clock()
-        self.downloads[model] = {"model": model, "done_bytes": 0,
-                                 "total_bytes": None, "bytes_per_second": None,
-                                 "eta_seconds": None, "waiting_for": None}
-        self._download_jobs.append(model)
         self._last_error.pop(model, None)
-        self._emit("download_started", model=model)
-        self._cv.notify_all()
+        self.downloads.start(model)
 
     # ------------------------------------------------------------- inspection
     @property
@@ -442,8 +406,9 @@ class Scheduler:
         {"value": "loaded" | "loading" | "unloading" | "unloaded" | "failed"},
         with the last failure's message while it is the latest word."""
         with self._cv:
-            if model in self.downloads:
-                return {"value": "downloading", **{k: v for k, v in self.downloads[model].items()
+            if model in self.downloads.running:
+                return {"value": "downloading", **{k: v for k, v in
+                                                   self.downloads.running[model].items()
                                                    if k != "model"}}
             if model == self.model:
                 value = {LOADING: "loading", READY: "loaded", STOPPING: "unloading"}[self.phase]
@@ -470,7 +435,7 @@ class Scheduler:
                 "failures": dict(self._failures),
                 "backend": self._backend,
                 "progress": dict(self.progress),
-                "downloads": {m: dict(d) for m, d in self.downloads.items()},
+                "downloads": self.downloads.status(),
                 "expected_seconds": self.load_times.expected(self.model)
                 if self.phase == LOADING else None,
                 "last_swap_seconds": self.last_swap_seconds,
@@ -507,9 +472,9 @@ class Scheduler:
 
     def _eligible(self) -> list[Ticket]:
         """The queue as the policy sees it: without requests parked on a download."""
-        if not self.downloads:
+        if not self.downloads.running:
             return self._queue
-        return [t for t in self._queue if t.model is None or t.model not in self.downloads]
+        return [t for t in self._queue if not self.downloads.parks(t.model)]
 
     def _schedule(self) -> None:
         """Apply the policy after any change. Called with the lock held."""
