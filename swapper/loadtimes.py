@@ -1,4 +1,5 @@
-"""How long each model's loads took: the ETA of its next load.
+"""How long each model's loads took: the ETA of its next load (`LoadTimes`),
+and the GPU's time lost to loads (`LoadCost`: the console's loads per hour).
 
 A small bounded history per model (the last HISTORY successful load durations,
 seconds from `loading` to `loaded`); the expected duration of the next load is
@@ -15,6 +16,7 @@ that cannot be read or written costs the history only, never a load.
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -69,6 +71,13 @@ class LoadTimes:
         exp = self.expected(model)
         return None if exp is None else round(max(0.0, exp - elapsed), 1)
 
+    def eta(self, model: str | None, elapsed: float) -> dict:
+        """{expected_seconds, eta_seconds} of a load of `model` running `elapsed`
+        seconds, from its past loads; {} without any."""
+        eta = self.remaining(model, elapsed)
+        return {} if eta is None else {"expected_seconds": self.expected(model),
+                                       "eta_seconds": eta}
+
     def of(self, model: str) -> list[float]:
         with self._lock:
             return list(self._seconds.get(model, []))
@@ -107,3 +116,43 @@ class LoadTimes:
                 tmp.unlink()
             except OSError:
                 pass
+
+
+class LoadCost:
+    """The GPU's time lost to loads, as the scheduler tells it (in memory):
+    (when, seconds) of the last hour's loads, all seconds since start, and the
+    last swap's seconds (a stop's start to the next model's ready)."""
+
+    def __init__(self, clock):
+        self._clock = clock
+        self._loaded: collections.deque[tuple[float, float]] = collections.deque(maxlen=10000)
+        self.seconds_total = 0.0
+        self.last_swap_seconds: float | None = None
+        self._stop: tuple[float, str] | None = None    # (when, model) of the last stop
+
+    def stopping(self, since: float, model: str) -> None:
+        """`model`, resident since `since`, is stopped: a swap if another model's
+        load follows."""
+        self._stop = (since, model)
+
+    def no_swap(self) -> None:
+        """No load follows the last stop (an unload), or a load failed."""
+        self._stop = None
+
+    def loaded(self, model: str, seconds: float) -> None:
+        """A load of `model` took `seconds`."""
+        self._loaded.append((self._clock(), seconds))
+        self.seconds_total += seconds
+        if self._stop is not None and self._stop[1] != model:
+            self.last_swap_seconds = round(self._clock() - self._stop[0], 3)
+        self._stop = None
+
+    def status(self) -> dict:
+        """Loads in the last hour and the seconds they took (the console's
+        swaps per hour and seconds lost to loads), and all seconds since start."""
+        hour_ago = self._clock() - 3600
+        while self._loaded and self._loaded[0][0] < hour_ago:
+            self._loaded.popleft()
+        return {"loads_last_hour": len(self._loaded),
+                "load_seconds_last_hour": round(sum(s for _, s in self._loaded), 1),
+                "load_seconds_total": round(self.seconds_total, 1)}

@@ -32,83 +32,21 @@ Policy
 """
 from __future__ import annotations
 
-import collections
 import itertools
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .downloadqueue import OTHER_PROCESS, DownloadQueue  # noqa: F401
-from .loadtimes import LoadTimes
+from .loadtimes import LoadCost, LoadTimes
 from .policy import FIFO, HOLD, Policy, Stint, SwapPolicy, operator_waits, short  # noqa: F401
-
-
-class SchedulerError(Exception):
-    """Base of the errors a waiting request can get."""
-
-
-class QueueFull(SchedulerError):
-    def __init__(self, waiting: int, retry_after: int = 5):
-        super().__init__(f"the swapper queue is full ({waiting} requests waiting); retry later")
-        self.retry_after = retry_after
-
-
-class LoadFailed(SchedulerError):
-    """The model could not be made ready; the message carries the cause and logs.
-    `kind` is the cause in common.failures (load_failed, load_timeout,
-    docker_unreachable)."""
-
-    def __init__(self, message: str, kind: str = "load_failed"):
-        super().__init__(message)
-        self.kind = kind
-
-
-class Cancelled(SchedulerError):
-    pass
+from .tickets import Action, Cancelled, LoadFailed, QueueFull, SchedulerError, Ticket
 
 
 IDLE, LOADING, READY, STOPPING = "idle", "loading", "ready", "stopping"
 
 # The event each phase change publishes (for the model that phase is about).
 PHASE_EVENTS = {LOADING: "load_started", READY: "ready", STOPPING: "unloading", IDLE: "unloaded"}
-
-
-@dataclass(eq=False)
-class Ticket:
-    """One request's place in line. `model` None means "unload"."""
-    seq: int
-    model: str | None
-    session: str | None = None      # the agent that sent it (None: no holds)
-    urgent: bool = False            # an operator's load: no hold or quantum delays it
-    epoch: int | None = None
-    state: str = "waiting"          # waiting | admitted | done | failed | cancelled
-    error: SchedulerError | None = None
-    backend: Any = None             # what the driver reported for the epoch (address...)
-    event: threading.Event = field(default_factory=threading.Event)
-    queued_at: float = 0.0          # the scheduler's clock when it was submitted
-    admitted_at: float | None = None
-
-    @property
-    def wait_seconds(self) -> float | None:
-        """How long it waited for admission (a load, a swap, a free slot)."""
-        return None if self.admitted_at is None else max(0.0, self.admitted_at - self.queued_at)
-
-
-@dataclass(frozen=True)
-class Action:
-    kind: str                       # "load" | "stop"
-    model: str
-    epoch: int
-    delay: float = 0.0              # backoff before a load, seconds
-    # Why: a load's "request" | "operator" | "restart"; a stop's "swap" (nothing
-    # held the resident model), "quantum" (its sessions were still coming),
-    # "operator", "unload", "idle", "crash".
-    cause: str = "request"
-    # On a stop: the model that waits first (likely the next load), so the
-    # driver can create its container while this one stops. A hint only: the
-    # next load action is what counts.
-    next_model: str | None = None
 
 
 class Scheduler:
@@ -141,8 +79,7 @@ class Scheduler:
         # Holds and which model next (swapper/policy.py).
         self.policy: Policy = (policy or SwapPolicy()).build(
             clock, lambda m: self.load_times.expected(m), self._emit)
-        self.last_swap_seconds: float | None = None   # a stop's start to the next ready
-        self._swap_t0: tuple[float, str] | None = None  # (when, model) of the last stop
+        self.load_cost = LoadCost(clock)        # time lost to loads, the last swap's seconds
         self._load_delay = 0.0                  # the running load's backoff, seconds
         # Downloads on first use (swapper/download.py). A model whose files are
         # missing (the driver says so: mark_missing) is downloaded when first
@@ -152,9 +89,6 @@ class Scheduler:
         self._wake_at: float | None = None     # when the policy's hold may end
         self._stopped: str | None = None       # the model stopped last
         self._load_cause = "request"           # why the running load was started
-        # The GPU's time lost to loads: (when, seconds) of the last hour's loads.
-        self._loaded: collections.deque[tuple[float, float]] = collections.deque(maxlen=10000)
-        self.load_seconds_total = 0.0
 
     # ---------------------------------------------------------------- requests
     def submit(self, model: str | None, session: str | None = None,
@@ -278,12 +212,9 @@ class Scheduler:
             if error is not None:
                 model = self.model
                 self._failures[model] = self._failures.get(model, 0) + 1
-                self._swap_t0 = None
+                self.load_cost.no_swap()
                 self._set_phase(IDLE, None)
-                for t in [t for t in self._queue if t.epoch == epoch]:
-                    self._queue.remove(t)
-                    t.state, t.error = "failed", error
-                    t.event.set()
+                self._fail([t for t in self._queue if t.epoch == epoch], error)
                 self._last_error[model] = str(error)
                 self._emit("load_failed", model=model, error=str(error), cause=error.kind)
             else:
@@ -291,11 +222,7 @@ class Scheduler:
                 self._last_error.pop(self.model, None)
                 seconds = self._clock() - self.since - self._load_delay
                 self.load_times.add(self.model, seconds)
-                self._loaded.append((self._clock(), seconds))
-                self.load_seconds_total += seconds
-                if self._swap_t0 is not None and self._swap_t0[1] != self.model:
-                    self.last_swap_seconds = round(self._clock() - self._swap_t0[0], 3)
-                self._swap_t0 = None
+                self.load_cost.loaded(self.model, seconds)
                 self._set_phase(READY, self.model)
             self._schedule()
 
@@ -351,10 +278,7 @@ class Scheduler:
                 return
             d, seconds = ended
             if error is not None:
-                for t in [t for t in self._queue if t.model == model]:
-                    self._queue.remove(t)
-                    t.state, t.error = "failed", error
-                    t.event.set()
+                self._fail([t for t in self._queue if t.model == model], error)
                 self._last_error[model] = str(error)
                 self._emit("download_failed", model=model, error=str(error), cause=error.kind,
                            seconds=seconds)
@@ -398,7 +322,7 @@ class Scheduler:
             if self.phase != LOADING or epoch != self.epoch:
                 return
             self.progress = {"model": self.model, "seconds": round(seconds, 1), "detail": detail,
-                             **self._eta(self.model, seconds)}
+                             **self.load_times.eta(self.model, seconds)}
             self._emit("progress", **self.progress)
 
     def model_status(self, model: str) -> dict:
@@ -417,7 +341,7 @@ class Scheduler:
             out = {"value": value}
             if value == "loading":
                 elapsed = self._clock() - self.since
-                out.update(elapsed_seconds=round(elapsed, 1), **self._eta(model, elapsed))
+                out.update(elapsed_seconds=round(elapsed, 1), **self.load_times.eta(model, elapsed))
             if model in self._last_error:
                 out["failure"] = self._last_error[model]
             return out
@@ -438,29 +362,12 @@ class Scheduler:
                 "downloads": self.downloads.status(),
                 "expected_seconds": self.load_times.expected(self.model)
                 if self.phase == LOADING else None,
-                "last_swap_seconds": self.last_swap_seconds,
+                "last_swap_seconds": self.load_cost.last_swap_seconds,
                 "policy": self.policy.name,
                 "hold": None if self._wake_at is None else   # while the policy holds
                 self.policy.status(self._eligible(), self._stint()),
-                **self._load_cost(),
+                **self.load_cost.status(),
             }
-
-    def _load_cost(self) -> dict:
-        """Loads in the last hour and the seconds they took (the console's
-        swaps per hour and seconds lost to loads), and all seconds since start."""
-        hour_ago = self._clock() - 3600
-        while self._loaded and self._loaded[0][0] < hour_ago:
-            self._loaded.popleft()
-        return {"loads_last_hour": len(self._loaded),
-                "load_seconds_last_hour": round(sum(s for _, s in self._loaded), 1),
-                "load_seconds_total": round(self.load_seconds_total, 1)}
-
-    def _eta(self, model: str, elapsed: float) -> dict:
-        """{expected_seconds, eta_seconds} of a load of `model` running `elapsed`
-        seconds, from its past loads; {} without any."""
-        eta = self.load_times.remaining(model, elapsed)
-        return {} if eta is None else {"expected_seconds": self.load_times.expected(model),
-                                       "eta_seconds": eta}
 
     def subscribe(self, listener: Callable[[str, dict], None]) -> None:
         """Call `listener(event, fields)` on state events (metrics, logs)."""
@@ -507,7 +414,7 @@ class Scheduler:
             self._finish_unloads()
             queue = self._eligible()
             if not queue:
-                self._swap_t0 = None        # an unload: no load followed the stop
+                self.load_cost.no_swap()    # an unload: no load followed the stop
             if queue:
                 model = self.policy.next_model(queue, self._stint())
                 urgent = any(t.urgent for t in queue if t.model == model)
@@ -543,6 +450,12 @@ class Scheduler:
         self.last_activity = t.admitted_at = self._clock()
         t.event.set()
 
+    def _fail(self, tickets: list[Ticket], error: SchedulerError) -> None:
+        for t in tickets:
+            self._queue.remove(t)
+            t.state, t.error = "failed", error
+            t.event.set()
+
     def _told_in_flight(self) -> None:
         if self.on_in_flight is not None:
             try:
@@ -561,7 +474,7 @@ class Scheduler:
         waiting = self.policy.next_model(queue, self._stint()) if queue else None
         self._set_phase(STOPPING, model)
         self._stopped = model
-        self._swap_t0 = (self.since, model)     # a swap when another model's load follows
+        self.load_cost.stopping(self.since, model)  # a swap when another model's load follows
         self._emit("stop", model=model, cause=cause, next_model=waiting)
         self._post(Action("stop", model, self.epoch, next_model=waiting, cause=cause))
 
@@ -583,7 +496,7 @@ class Scheduler:
         if phase != LOADING:
             self.progress = {}
         if old != (phase, model):
-            extra = {**self._eta(model, 0.0), "cause": self._load_cause} \
+            extra = {**self.load_times.eta(model, 0.0), "cause": self._load_cause} \
                 if phase == LOADING else {}
             self._emit(PHASE_EVENTS[phase], model=model or old[1], previous=old[0],
                        seconds=round(self.since - old_since, 3), **extra)
