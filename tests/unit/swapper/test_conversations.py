@@ -281,3 +281,16 @@ def test_the_ledger_prices_each_phase_and_the_serving_share():
     assert hour["serving_share"] == pytest.approx(72 / 95, abs=1e-3)
     clock.now += 4000                        # an hour later: nothing counted
     assert ledger.last_hour()["serving_share"] is None
+
+
+def test_replays_stop_once_the_ram_cache_no_longer_held_one(one):
+    for body in (A1, C1, chat("Task E: " + "e" * 3000)):
+        talk(one, "a", body)
+    one.servers["a"].ram.clear()              # llama-server evicted A and C meanwhile
+    talk(one, "b", chat("hi"))
+    replays = [b for p, b in one.servers["a"].answered if b.get("max_tokens") == 1]
+    assert len(replays) == 1                  # C's (a re-prefill): A is not tried after it
+    names = [n for n in files(one.root / "a") if n.endswith(".json")]
+    assert len(names) == 1                    # E, the slot's own
+    assert sample(one.metrics.collectors, "swapper_kv_cache_failures_total",
+                  direction="save", reason="evicted") == 1
