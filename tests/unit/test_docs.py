@@ -199,3 +199,27 @@ def test_paths_and_scripts_the_readme_quotes_exist():
     checked = quoted_paths((REPO / "README.md").read_text())
     assert not [w for w in checked if not list(REPO.glob(w))]
     assert {"download-model.sh", ".env.example", "backends/models/gpu.yaml"} <= set(checked)
+
+
+def test_the_readme_settings_are_real_with_their_defaults():
+    """The settings a newcomer may touch (README, Settings) are settings of
+    .env.example, with the same defaults; the page of all of them is linked."""
+    text = section((REPO / "README.md").read_text(), "Settings")
+    example = {}
+    for line in (REPO / ".env.example").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            example[key.strip()] = value
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("| `")]
+    assert 5 <= len(rows) <= 10, "a newcomer's handful, not the whole table"
+    for var_cell, default_cell, _ in rows:
+        names = re.findall(r"`([A-Z0-9_]+)`", var_cell)
+        literals = re.findall(r"`([^`]*)`", default_cell)
+        for i, name in enumerate(names):
+            assert name in example, f"{name}: not a setting of .env.example"
+            if len(literals) == len(names):
+                assert example[name] == literals[i], (name, example[name], literals[i])
+            else:
+                assert example[name] == "", (name, "described in words: empty by default")
+    assert "docs/configuration.md" in text
