@@ -45,6 +45,23 @@ def test_a_next_turn_keeps_its_key_and_a_side_call_has_its_own():
     assert len({key(first), key(side), key(other)}) == 3
 
 
+def test_two_sessions_in_one_folder_differ_by_their_first_prompt():
+    """Codex's first turn: its permissions (developer), its environment (user),
+    then the prompt; later turns append answers, calls and their results."""
+    def codex(prompt, *after):
+        return {"model": "a", "instructions": "You are Codex.", "input": [
+            {"type": "message", "role": "developer", "content": "sandbox: on"},
+            {"type": "message", "role": "user", "content": "<environment_context>"
+             "<cwd>/src</cwd></environment_context>"},
+            {"type": "message", "role": "user", "content": prompt}, *after]}
+    call = [{"type": "function_call", "name": "exec", "call_id": "c1", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+            {"type": "message", "role": "user", "content": "and now?"}]
+    one, two = codex("Fix the parser."), codex("Write the docs.")
+    assert key(one, "responses") != key(two, "responses")
+    assert key(one, "responses") == key(codex("Fix the parser.", *call), "responses")
+
+
 def test_the_key_reads_each_dialects_head_and_ignores_cache_control():
     msgs = {"model": "a", "system": [{"type": "text", "text": "S"}],
             "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
