@@ -673,6 +673,26 @@ class KvCache:
                 out.append((used, size, sidecar, final))
         return sorted(out, key=lambda e: (e[0], str(e[3])))
 
+    def kept(self) -> dict | None:
+        """What is kept on disk now, for /running and the console: prompts and
+        bytes per model, the total and its cap (None: the cache is off)."""
+        if not self.settings.KV_CACHE_DIR:
+            return None
+        models: dict[str, dict] = {}
+        total = 0
+        try:
+            entries = self.usage()
+        except OSError:
+            entries = []
+        for _used, size, _sidecar, final in entries:
+            m = models.setdefault(final.parent.name, {"prompts": 0, "bytes": 0})
+            m["prompts"] += final.suffix == ".bin"
+            m["bytes"] += size
+            total += size
+        return {"models": models, "bytes": total,
+                "max_bytes": int(self.settings.KV_CACHE_MAX_GB * 1e9),
+                "conversations_per_model": self.settings.KV_CACHE_CONVERSATIONS}
+
     def evict(self) -> int:
         """Remove the least recently used files until each model keeps at most
         KV_CACHE_CONVERSATIONS saved prompts and the total fits KV_CACHE_MAX_GB.

@@ -185,6 +185,9 @@ def test_a_side_call_last_before_the_swap_keeps_the_main_conversation(one):
     talk(one, "a", A1)
     talk(one, "a", SIDE)                      # a title call in A's session, last
     talk(one, "b", chat("hi"))
+    kept = one.driver.kv.kept()               # what /running and the console show
+    assert kept["models"]["a"]["prompts"] == 2 and kept["conversations_per_model"] == 8
+    assert kept["bytes"] == sum(p.stat().st_size for p in (one.root / "a").iterdir())
     one.servers["a"].texts.clear()
     one.servers["a"].ram.clear()
     t = talk(one, "a", A2)
