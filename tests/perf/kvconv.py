@@ -51,8 +51,7 @@ models:
     image: ${TESTBED_LLAMACPP_IMAGE}
     volumes: ["${TESTBED_MODELS_DIR}:/models:ro"%(templates)s]
     args: [-m, "/models/${TESTBED_MODEL_FILE}", -c, "%(ctx)d", --override-kv,
-           "llama.context_length=int:%(ctx)d", -fa, "on", --parallel, "1", -t, "2",
-           --no-warmup%(template)s]
+           "llama.context_length=int:%(ctx)d", -fa, "on", --parallel, "1", -t, "2"%(template)s]
     slots: 1
     start_timeout: 180
     stop_timeout: 5
@@ -144,7 +143,10 @@ def table(conversations: int, words: int) -> dict:
                 away = last_swap(sw.url)
                 turns = [x.turn(sw.url) for x in order]
                 back = last_swap(sw.url)
-                out["rounds"].append({"saved": away.get("saved"), "turns": turns,
+                # the same conversations again within the stint (llama-server's RAM
+                # cache), seconds later: each turn's warm pair under the same load
+                warm = [x.turn(sw.url) for x in order]
+                out["rounds"].append({"saved": away.get("saved"), "turns": turns, "warm": warm,
                                       "phases": back.get("phases"),
                                       "restored": back.get("restored")})
                 log(f"[{conversations}] after a swap back: {out['rounds'][-1]}")
@@ -157,16 +159,20 @@ def table(conversations: int, words: int) -> dict:
 
 def report_table(runs: list[dict]) -> str:
     lines = ["| KV_CACHE_CONVERSATIONS | next turn after a swap-back | processed / prompt | "
-             "prompt_ms | warm turn's prompt_ms |",
+             "prompt_ms | its warm pair's prompt_ms (processed) |",
              "|---|---|---|---|---|"]
     for run in runs:
-        warm = statistics.median(t["prompt_ms"] for t in run["warm"])
         for i, rnd in enumerate(run["rounds"]):
-            for t in rnd["turns"]:
+            for t, w in zip(rnd["turns"], rnd["warm"]):
                 total = t["processed"] + t["reused"]
                 lines.append(f"| {run['KV_CACHE_CONVERSATIONS']} | round {i + 1}: {t['turn']} "
                              f"| {t['processed']:,} / {total:,} ({t['processed'] / total:.1%}) "
-                             f"| {t['prompt_ms']:,.0f} | {warm:,.0f} |")
+                             f"| {t['prompt_ms']:,.0f} | {w['prompt_ms']:,.0f} "
+                             f"({w['processed']}) |")
+        ratios = [t["prompt_ms"] / w["prompt_ms"] for rnd in run["rounds"]
+                  for t, w in zip(rnd["turns"], rnd["warm"])]
+        lines.append(f"| {run['KV_CACHE_CONVERSATIONS']} | median ratio to the warm pair | | "
+                     f"{statistics.median(ratios):.2f}x | |")
     for run in runs:
         for i, rnd in enumerate(run["rounds"]):
             s = rnd["saved"] or {}
