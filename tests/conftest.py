@@ -19,7 +19,7 @@ AREAS = {
     "fleet": ("fleet",),
     "console": ("console",),
     "agents": ("agents",),
-    "policy": ("swap_policy", "test_holds", "test_scheduler"),
+    "policy": ("swap_policy", "test_policy", "test_holds", "test_scheduler"),
 }
 
 
