@@ -7,6 +7,11 @@ strictly: an empty or missing variable means the default; anything else must
 parse as the field's type and pass its bounds, or ConfigError names the variable
 and the value. The launchers print that one line and exit 2 (`exit_on_error`),
 never a traceback.
+
+Each setting is declared once, with its default, bounds and one line of help:
+`.env.example` and docs/configuration.md are written from the declarations
+(scripts/settings_doc.py), which `declared(cls, group)` lists; a variable that
+is no service's field (compose's own, what backends/ interpolates) is a `Var`.
 """
 from __future__ import annotations
 
@@ -27,12 +32,16 @@ class ConfigError(ValueError):
     """A setting has a value its service cannot run with; the message names it."""
 
 
-def setting(default: Any, *, min: float | None = None,  # noqa: A002
+def setting(default: Any, help: str = "", *, min: float | None = None,  # noqa: A002
             max: float | None = None, choices: tuple[str, ...] | None = None,  # noqa: A002
-            url: bool = False, read: bool = True, repr: bool = True):  # noqa: A002
+            url: bool = False, read: bool = True, repr: bool = True,  # noqa: A002
+            group: str | None = None, shown: str | None = None):
     """A dataclass field read from the variable of its name; `read=False`: not an
-    environment variable (only set by the service's own loader)."""
-    meta = {"min": min, "max": max, "choices": choices, "url": url, "read": read}
+    environment variable (only set by the service's own loader). `help`: its one
+    line in the docs; `group`: the docs' table when not its service's (GROUPS);
+    `shown`: the default in words when it is derived (.env.example leaves it empty)."""
+    meta = {"min": min, "max": max, "choices": choices, "url": url, "read": read,
+            "help": help, "group": group, "shown": shown}
     if isinstance(default, (dict, list)):
         return dataclasses.field(default_factory=lambda: type(default)(default),
                                  metadata=meta, repr=repr)
@@ -123,3 +132,59 @@ def exit_on_error(read: Callable[[], T], service: str) -> T:
 
 
 PORT = dict(min=1, max=65535)
+
+
+# ------------------------------------------------------------------ declarations
+
+GROUPS = {
+    "compose": "read by `docker compose` itself",
+    "both": "read by the proxy and the swapper, one value for both",
+    "swapper": "the GPU's owner, port 9000, not published",
+    "models": "what `backends/models/*.yaml` and `backends/kinds/*.yaml` interpolate, "
+              "and what the downloads read; read by the swapper and `download-model.sh`",
+    "proxy": "the public door",
+    "fixed": "set them only when running `python -m proxy` / `python -m swapper` outside "
+             "Docker; compose sets them and `.env` cannot move them",
+    "outside": "development and tests; not in `.env.example`",
+}
+"""The docs' tables, in their order: each variable is in one (its service's, or
+the one its declaration names)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Var:
+    """A variable declared for the docs that is no service's settings field:
+    compose's own, or one backends/ interpolates. `default`: as written in .env
+    (None: empty); `shown`: the default in words instead."""
+    name: str
+    default: str | None
+    help: str
+    group: str
+    shown: str | None = None
+
+
+def declared(cls: type, group: str) -> list[Var]:
+    """The environment variables of settings class `cls` (fields read from the
+    environment), as `Var`s; `group` unless a field names its own."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if not f.init or not f.metadata.get("read", True):
+            continue
+        meta = f.metadata
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        out.append(Var(f.name, written(default, hints[f.name]), meta.get("help", ""),
+                       meta.get("group") or group, meta.get("shown")))
+    return out
+
+
+def written(value: Any, typ=None) -> str | None:
+    """A default as .env spells it: booleans 1/0, numbers without a needless .0,
+    None and "" as None (empty)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        return f"{value:g}" if abs(value) < 1e15 else repr(value)
+    return str(value)

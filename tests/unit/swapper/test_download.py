@@ -46,10 +46,10 @@ def make_app(tmp_path, hub, urls, **settings):
     manifest.write_text(MANIFEST)
     models = tmp_path / "models"
     models.mkdir(exist_ok=True)
-    s = Settings(BACKENDS_DIR=str(FIXTURE_BACKENDS),
-                 env={**ENV, "HF_ENDPOINT": hub.url, "MODELS_DIR": str(models)},
-                 WATCH_INTERVAL=0.05, CRASH_BACKOFF=0.01, KEEPALIVE_INTERVAL=0.1,
-                 MODELS_MANIFEST=str(manifest), **settings)
+    s = Settings.from_env({**ENV, "HF_ENDPOINT": hub.url, "MODELS_DIR": str(models)},
+                          BACKENDS_DIR=str(FIXTURE_BACKENDS),
+                          WATCH_INTERVAL=0.05, CRASH_BACKOFF=0.01, KEEPALIVE_INTERVAL=0.1,
+                          MODELS_MANIFEST=str(manifest), **settings)
     runtime = FakeRuntime(urls)
     return create_app(s, runtime=runtime), runtime, models / "tiny" / "tiny-a.gguf"
 
