@@ -107,7 +107,7 @@ IDLE, LOADING, READY, STOPPING = "idle", "loading", "ready", "stopping"
 
 # The event each phase change publishes (for the model that phase is about).
 PHASE_EVENTS = {LOADING: "load_started", READY: "ready", STOPPING: "unloading", IDLE: "unloaded"}
-# A download's `waiting_for` when another process holds MODELS_DIR (scripts/models.py's
+# A download's `waiting_for` when another process holds MODELS_DIR (swapper.fetch's
 # models_dir_lock): ./download-model.sh run by hand, or a second swapper.
 OTHER_PROCESS = "another process"
 

@@ -181,9 +181,6 @@ class Settings(Shared, DownloadSettings):
         str(_REPO_SCRIPTS / "models.toml"), "what the downloads read: each model's files",
         group="fixed", shown="the repository's scripts/models.toml (in the image "
         "/app/scripts)")
-    MODELS_SCRIPT: str = setting(
-        str(_REPO_SCRIPTS / "models.py"), "the code of `./download-model.sh`",
-        group="fixed", shown="the repository's scripts/models.py (in the image /app/scripts)")
     DOWNLOAD_MODELS_DIR: str | None = setting(
         None, "where the swapper itself sees MODELS_DIR, which it downloads into",
         group="fixed", shown="compose: /models; outside Docker: MODELS_DIR under HOST_DIR")
