@@ -7,7 +7,7 @@ duration, and the answer's `usage` (tokens by model), for every dialect
 label is the model the client asked for, resolved to its id through the
 upstream's /v1/models aliases (a backend reports its own name, e.g. a GGUF
 path); without one (the swapper picks the model), what the answer names. The search loop calls
-`search(kind)` and `rounds(n)`. Names and labels are listed in the README's
+`search(kind)` and `rounds(n)`. Names and labels are listed in docs/api.md's
 metrics table. With several workers the values live in prometheus_client's
 multiprocess files (see common/metrics.py), so a scrape answers for the proxy.
 """

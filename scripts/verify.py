@@ -265,8 +265,8 @@ class Gate:
             ran = after.get("searches", 0) - before.get("searches", 0)
             if failed:
                 kinds = ", ".join(f"{k} x{v:g}" for k, v in failed.items())
-                return Probe(False, f"SearXNG failed ({kinds}): see the proxy's log and README, "
-                                    "Troubleshooting")
+                return Probe(False, f"SearXNG failed ({kinds}): see the proxy's log and "
+                                    "docs/troubleshooting.md")
             if ran < 1:
                 return Probe(False, "no search ran: the model made no web_search call with a "
                                     "query (or WEB_SEARCH=0 at the proxy)")

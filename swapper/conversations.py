@@ -5,11 +5,14 @@ docs/kv-cache.md).
 
 A conversation's key is a hash of what its prompt starts with, in the
 dialect's own terms (common/dialects.py): the body's head (Anthropic's
-`system`, Responses' `instructions`, the tools), the system and developer
-messages that lead its conversation, and its first other message. An agent's
-next turn appends to its conversation and keeps that start, so it keeps the
-key; a side call (a title, a summary, a check) has a system prompt or a first
-message of its own, so it has its own key although it shares the session.
+`system`, Responses' `instructions`, the tools) and the messages its
+conversation starts with, up to the first answer: the system, developer and
+user messages of its first turn (at least its first item). An agent's next
+turn appends to its conversation and keeps that start, so it keeps the key;
+a side call (a title, a summary, a check) has a system prompt or a first
+message of its own, so it has its own key although it shares the session;
+two sessions of one agent in one folder (the same instructions and
+environment message) differ by their first prompt.
 Anthropic's `cache_control` marks, which move turn to turn, are not part of it.
 
 The key only names a saved file and says which request to replay before a
@@ -60,16 +63,22 @@ def conversation_of(route: str, path: str, payload: dict | None,
     if not isinstance(items, list) or not items:
         return None
     head = [_clean(payload.get(k), 0) for k in wire.head]
-    at = 0
-    while at < len(items) and isinstance(items[at], dict) and \
-            items[at].get("role") in ("system", "developer"):
-        head.append(_clean(items[at], 0))
-        at += 1
-    first = _clean(items[at], 0) if at < len(items) else None
+    end = 1
+    while end < len(items) and _asked(items[end]):
+        end += 1
+    first = [_clean(item, 0) for item in items[:end]]
     raw = orjson.dumps([wire.name, head, first], option=orjson.OPT_SORT_KEYS)
     key = hashlib.sha256(raw).hexdigest()[:KEY_HEX]
     kept = body if body is not None and len(body) <= BODY_MAX else None
     return Conversation(key, route, path, kept)
+
+
+def _asked(item) -> bool:
+    """Whether a conversation item is the client's (a system, developer or user
+    message, text or blocks), not an answer (an assistant message, a tool call,
+    reasoning) or a tool's result."""
+    return isinstance(item, dict) and item.get("role") in ("system", "developer", "user") \
+        and item.get("type", "message") == "message"
 
 
 def _completion(payload: dict, path: str, body: bytes | None) -> Conversation | None:

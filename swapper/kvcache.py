@@ -316,9 +316,20 @@ class KvCache:
                 continue
             try:
                 if i > 0 or conv is not last:
-                    out.replayed += self._replay(backend, conv, left)
+                    reused, processed = self._replay(backend, conv, left)
+                    out.replayed += processed
+                    if processed > reused:
+                        # the RAM cache no longer held it (nor, older, the rest): a
+                        # re-prefill, which the next ones would repeat
+                        raise _Skip("evicted", f"llama-server's RAM prompt cache no longer "
+                                               f"held it ({processed} tokens processed); "
+                                               "older conversations are not replayed")
                 self._save_slot(spec, backend, folder, sid, name, conv, at, fp,
                                 deadline - self._clock(), out)
+            except _Skip as e:
+                self._fail(out, "save", spec.id, e.reason, f"{name} not saved: {e}")
+                if e.reason == "evicted":
+                    break
             except Exception as e:
                 self._fail(out, "save", spec.id, _reason(e), f"{name} not saved: {e}")
 
@@ -345,10 +356,10 @@ class KvCache:
             except Exception as e:
                 self._fail(out, "save", spec.id, _reason(e), f"slot {sid} not saved: {e}")
 
-    def _replay(self, backend, conv: Conversation | None, left: float) -> int:
+    def _replay(self, backend, conv: Conversation | None, left: float) -> tuple[int, int]:
         """Bring `conv` back into the slot: its last request, one token asked.
-        Returns the prompt tokens the backend processed for it (a few when its
-        RAM prompt cache held the conversation)."""
+        Returns the prompt tokens the backend reused and processed for it (a
+        few processed when its RAM prompt cache held the conversation)."""
         body = replay_body(conv) if conv is not None else None
         if body is None:
             raise _Skip("replay", "its last request was not kept (too large)")
@@ -358,8 +369,7 @@ class KvCache:
         if r.status_code != 200:
             raise _Skip("replay", f"its replay was answered HTTP {r.status_code}: "
                                   f"{r.text[:200]}")
-        counts = prompt_counts(r.content[-ANSWER_TAIL:])
-        return counts[1] if counts else 0
+        return prompt_counts(r.content[-ANSWER_TAIL:]) or (0, 0)
 
     def _save_slot(self, spec, backend, folder: Path, sid: int, name: str,
                    conv: Conversation | None, used: float, fp: dict, left: float,
@@ -662,6 +672,26 @@ class KvCache:
                         used = 0.0
                 out.append((used, size, sidecar, final))
         return sorted(out, key=lambda e: (e[0], str(e[3])))
+
+    def kept(self) -> dict | None:
+        """What is kept on disk now, for /running and the console: prompts and
+        bytes per model, the total and its cap (None: the cache is off)."""
+        if not self.settings.KV_CACHE_DIR:
+            return None
+        models: dict[str, dict] = {}
+        total = 0
+        try:
+            entries = self.usage()
+        except OSError:
+            entries = []
+        for _used, size, _sidecar, final in entries:
+            m = models.setdefault(final.parent.name, {"prompts": 0, "bytes": 0})
+            m["prompts"] += final.suffix == ".bin"
+            m["bytes"] += size
+            total += size
+        return {"models": models, "bytes": total,
+                "max_bytes": int(self.settings.KV_CACHE_MAX_GB * 1e9),
+                "conversations_per_model": self.settings.KV_CACHE_CONVERSATIONS}
 
     def evict(self) -> int:
         """Remove the least recently used files until each model keeps at most

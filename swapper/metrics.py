@@ -2,7 +2,7 @@
 
 Callers say what happened (`request_done`, `queued`, `rejected`, `load_done`,
 `unloaded`, `crashed`); this module alone knows the series, their names and
-labels (listed in the README's metrics table). The swapper is one process, so
+labels (listed in docs/api.md's metrics table). The swapper is one process, so
 there is no multiprocess mode here. Queue depth, in-flight requests and the
 resident model are read from the scheduler's snapshot at scrape time.
 """

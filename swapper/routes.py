@@ -93,6 +93,7 @@ def running():
     snap["last_load_seconds"] = sw.driver.last_load_seconds
     # what the last swap cost by phase, and the serving share (swapper/swaps.py)
     snap["swaps"] = sw.driver.ledger.status()
+    snap["kv_cache"] = sw.driver.kv.kept()          # None: KV_CACHE_DIR unset
     snap["published"] = f"{sw.settings.BACKEND_BIND}:{sw.settings.BACKEND_PUBLISH_PORT}"
     return jsonify(snap)
 

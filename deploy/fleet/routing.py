@@ -382,7 +382,7 @@ async def fleet_auth(request, api_key: str):
     """LiteLLM's `general_settings.custom_auth`: the master key (LITELLM_MASTER_KEY)
     or a 401. Without a database LiteLLM's own check answers a wrong key 400 "No
     connected db." (it would look the key up as a virtual key); this router keeps no
-    virtual keys (README "Several GPU hosts"), so a key that is not the master key is
+    virtual keys (docs/fleet.md, Keys), so a key that is not the master key is
     an authentication error: in the error shape LiteLLM gives its other 401s, and on
     Anthropic Messages in Anthropic's.
 

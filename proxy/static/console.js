@@ -560,6 +560,27 @@ function renderResident() {
   $("r-queued").textContent = r ? String(r.queued) : "–";
   $("r-lastload").textContent = secs(r && r.last_load_seconds);
   $("r-lastswap").textContent = secs(r && r.last_swap_seconds);
+  // What the last swap cost phase by phase, and what its first answers still
+  // re-prefilled; the share of the GPU's busy time spent answering (swapper/swaps.py).
+  const sw = r && r.swaps;
+  const last = sw && sw.last_swap;
+  $("r-phases").textContent = last
+    ? Object.entries(last.phases).map(([k, v]) => k + " " + secs(v)).join(", ")
+      + (last.saved ? "; saved " + last.saved.prompts + " prompt" + (last.saved.prompts === 1 ? "" : "s") + " (" + fmtBytes(last.saved.bytes) + ")" : "")
+      + (last.restored ? "; restored " + last.restored.prompts : "")
+      + "; re-prefilled " + last.reprefill.tokens.toLocaleString() + " tokens (" + secs(last.reprefill.seconds) + ")"
+    : "–";
+  const share = sw && sw.last_hour && sw.last_hour.serving_share;
+  $("r-share").textContent = share != null
+    ? (share * 100).toFixed(1) + " % (" + secs(sw.last_hour.swap_seconds) + " swapping, "
+      + secs(sw.last_hour.reprefill_seconds) + " re-prefilling)"
+    : "–";
+  // Saved prompt caches on disk (KV_CACHE_DIR; off when unset).
+  const kv = r && r.kv_cache;
+  $("r-kept").textContent = !r ? "–" : !kv ? "off (KV_CACHE_DIR unset)"
+    : Object.values(kv.models).reduce((n, m) => n + m.prompts, 0) + " prompts, "
+      + fmtBytes(kv.bytes) + " of " + fmtBytes(kv.max_bytes)
+      + " (up to " + kv.conversations_per_model + " conversations a model)";
   // Swaps per hour and the GPU's seconds lost to them; why another model waits.
   $("r-loads").textContent = r && r.loads_last_hour != null
     ? r.loads_last_hour + " (" + secs(r.load_seconds_last_hour) + " loading)" : "–";

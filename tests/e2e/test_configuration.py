@@ -1,6 +1,6 @@
 """Every documented setting reaches its service under compose.
 
-Three descriptions of the configuration must agree: README's tables (Configuration),
+Three descriptions of the configuration must agree: the tables of docs/configuration.md,
 .env.example, and what `docker compose config` hands each service. Also: the values in
 .env.example are the code's own defaults, every variable the code reads is documented,
 and paths do not depend on the folder `docker compose` runs from.
@@ -22,7 +22,7 @@ from swapper.settings import Settings as SwapperSettings
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICE_TABLES = ("Compose", "Swapper", "Models", "Proxy")
-# What compose fixes (README's "Fixed by compose" table), per service.
+# What compose fixes (docs/configuration.md's "Fixed by compose" table), per service.
 FIXED = {
     "proxy": {"BACKEND_URL": "http://swapper:9000", "PROXY_HOST": "0.0.0.0", "PROXY_PORT": "11433"},
     "swapper": {"SWAPPER_HOST": "0.0.0.0", "SWAPPER_PORT": "9000", "BACKENDS_DIR": "/app/backends"},
@@ -30,12 +30,10 @@ FIXED = {
 
 
 def readme_tables() -> dict[str, dict[str, str | None]]:
-    """{table: {VAR: default}} from README's Configuration section. A default is the
+    """{table: {VAR: default}} from docs/configuration.md's tables. A default is the
     backticked literal, or None when the cell describes it in words ("empty", "the
     compose folder"): .env.example then leaves the value empty."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("\n## Configuration"):]
-    section = section[:section.index("\n## ", 1)]
+    section = (REPO / "docs" / "configuration.md").read_text()
     tables: dict[str, dict[str, str | None]] = {}
     current = None
     for line in section.splitlines():
@@ -69,12 +67,12 @@ def documented() -> dict[str, str | None]:
     for t in SERVICE_TABLES:
         for var, default in tables[t].items():
             if var in out and out[var] and default:
-                assert out[var] == default, f"{var}: README gives two defaults"
+                assert out[var] == default, f"{var}: docs/configuration.md gives two defaults"
             out[var] = out.get(var) or default
     return out
 
 
-def test_readme_has_the_tables():
+def test_the_configuration_page_has_the_tables():
     tables = readme_tables()
     assert set(SERVICE_TABLES) | {"Fixed by compose"} <= set(tables), list(tables)
     for t in tables.values():
@@ -84,9 +82,9 @@ def test_readme_has_the_tables():
 def test_env_example_lists_every_readme_variable_with_its_default():
     doc, ex = documented(), env_example()
     assert sorted(set(doc) - set(ex)) == [], "documented but missing from .env.example"
-    assert sorted(set(ex) - set(doc)) == [], "in .env.example but in no README table"
+    assert sorted(set(ex) - set(doc)) == [], "in .env.example but in no table of docs/configuration.md"
     for var, default in doc.items():
-        assert ex[var] == (default or ""), f"{var}: README says {default!r}, .env.example {ex[var]!r}"
+        assert ex[var] == (default or ""), f"{var}: docs/configuration.md says {default!r}, .env.example {ex[var]!r}"
     fixed = readme_tables()["Fixed by compose"]
     assert not set(fixed) & set(ex), "compose fixes these: .env must not suggest them"
 
@@ -120,7 +118,7 @@ def test_every_variable_the_code_reads_is_documented():
     tables = readme_tables()
     proxy_doc = set(tables["Proxy"]) | set(tables["Fixed by compose"]) | {"PROXY_PORT"}
     missing = {f for f in ProxySettings.__dataclass_fields__} - proxy_doc
-    assert not missing, f"the proxy reads {sorted(missing)}: document them (README, .env.example)"
+    assert not missing, f"the proxy reads {sorted(missing)}: document them (docs/configuration.md, .env.example)"
     read = {f.name for f in dataclasses.fields(SwapperSettings) if f.metadata.get("read")}
     assert read, "the swapper's settings changed shape: adapt this test"
     swapper_doc = set(tables["Swapper"]) | set(tables["Fixed by compose"])

@@ -303,7 +303,23 @@ def test_load_eta_queue_wait_and_swap_time(page, proxy, tmp_path):
                "expected_seconds": 600.0, "epoch": 2, "downloads": {},
                "policy": "hold", "loads_last_hour": 12, "load_seconds_last_hour": 250.3,
                "hold": {"sessions": 1, "until_seconds": 2.5, "quantum_ends_in": 7.0,
-                        "waiting_model": "first"}}
+                        "waiting_model": "first"},
+               "swaps": {"last_swap": {
+                   "from": "first", "to": "next", "cause": "swap", "at": 1.0,
+                   "phases": {"stop": 0.4, "save": 1.2, "start": 0.9, "healthy": 38.5,
+                              "restore": 0.3},
+                   "saved": {"prompts": 3, "tokens": 9000, "bytes": 66_500_000,
+                             "seconds": 1.2},
+                   "restored": {"prompts": 3, "tokens": 9000, "bytes": 66_500_000,
+                                "seconds": 0.3},
+                   "reprefill": {"requests": 2, "tokens": 31, "seconds": 0.4},
+                   "seconds": 41.3},
+                   "last_hour": {"busy_seconds": 900.0, "swap_seconds": 250.3,
+                                 "reprefill_seconds": 12.0, "serving_share": 0.7648}},
+               "kv_cache": {"models": {"first": {"prompts": 3, "bytes": 66_500_000},
+                                       "next": {"prompts": 1, "bytes": 22_000_000}},
+                            "bytes": 88_500_000, "max_bytes": 20_000_000_000,
+                            "conversations_per_model": 8}}
     activity = [{"seq": 1, "time": 1_700_000_000, "dialect": "chat", "model": "first",
                  "status": 200, "queue_wait": 42.7, "ttft": 0.2, "prompt_tokens": 9,
                  "completion_tokens": 4, "tokens_per_second": 20.0, "seconds": 43.5,
@@ -330,6 +346,13 @@ def test_load_eta_queue_wait_and_swap_time(page, proxy, tmp_path):
     assert page.locator("#r-lastload").inner_text() == "41.5 s"
     assert page.locator("#r-lastswap").inner_text() == "44.2 s"
     assert page.locator("#r-loads").inner_text() == "12 (4 min 10 s loading)"
+    assert page.locator("#r-phases").inner_text() == (
+        "stop 400 ms, save 1.2 s, start 900 ms, healthy 38.5 s, restore 300 ms; saved 3 "
+        "prompts (66.5 MB); restored 3; re-prefilled 31 tokens (400 ms)")
+    assert page.locator("#r-share").inner_text() == \
+        "76.5 % (4 min 10 s swapping, 12.0 s re-prefilling)"
+    assert page.locator("#r-kept").inner_text() == \
+        "4 prompts, 88.5 MB of 20.0 GB (up to 8 conversations a model)"
     assert page.locator("#r-hold").inner_text() == \
         "for 1 agent session up to 2.5 s; first in 7.0 s at most"
     page.screenshot(path=str(tmp_path / "loading-eta.png"), full_page=True)

@@ -39,7 +39,7 @@ B_DIR = REPO / "tests" / "fixtures" / "fleet" / "b"
 # (FLEET_POLL_INTERVAL 1 s: one /healthz + one /v1/models per stack a second) is 120
 # probes of each per stack; the test sends at least that many, at a short interval.
 HEALTH_PROBES = 120
-# A and B have API keys, as the README's host step sets them; the router gets them as
+# A and B have API keys, as docs/fleet.md's host step sets them; the router gets them as
 # FLEET_KEY_A / FLEET_KEY_B. The tests' own calls to a stack carry its key (`auth`).
 STACK_KEYS = {"A": "stack-a-key-7c1e", "B": "stack-b-key-52d9"}
 _KEY_OF: dict[str, str] = {}                   # a stack's base URL -> its key
@@ -197,7 +197,7 @@ def test_no_key_or_a_wrong_key_is_a_401(fleet, key):
 
 def test_no_virtual_keys_and_the_database_error_is_said(fleet):
     """This router keeps no virtual keys (no database: Prisma's engines cannot be
-    installed here; README "Several GPU hosts", Keys): /key/generate with the master
+    installed here; docs/fleet.md, Keys): /key/generate with the master
     key answers LiteLLM's JSON error naming the missing database -- with the prisma
     package installed (deploy/fleet/requirements.txt); without it, a bare-text 500
     (LiteLLM's error path imports prisma)."""

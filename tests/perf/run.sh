@@ -19,6 +19,11 @@
 #                                           the turn after a swap-back: never swapped,
 #                                           restored, no restore (tests/perf/kvswap.py;
 #                                           ~20 min on 2 cores)
+#   tests/perf/run.sh kvconv [--parts table,agents]
+#                                           every conversation's cache across swaps:
+#                                           three conversations and a side call, the
+#                                           real agents' bodies (tests/perf/kvconv.py;
+#                                           ~20 min on 2 cores)
 #
 # Needs the test bed (tests/testbed/setup.sh: Docker engine, llama-server image,
 # SmolLM2). LiteLLM and py-spy go in their own venv under the cache dir, so they
@@ -42,7 +47,7 @@ py="${PERF_PYTHON:-$repo/.venv/bin/python}"
 
 # The benchmarks of their own (tests/perf/<name>.py) need neither LiteLLM nor py-spy.
 case "${1:-}" in
-  agents | kvswap | thrash | prefetch) name=$1; shift; exec "$py" -m "tests.perf.$name" "$@" ;;
+  agents | kvswap | kvconv | thrash | prefetch) name=$1; shift; exec "$py" -m "tests.perf.$name" "$@" ;;
 esac
 
 # LiteLLM 1.108.7 (the proxy extra) and py-spy 0.4.3, pinned, in a venv of their own.

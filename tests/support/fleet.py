@@ -42,7 +42,7 @@ class LiteLLMRouter(ServiceProcess):
     def __init__(self, stacks: dict[str, str], strategy: str = "fleet", cooldown: float = 5.0,
                  poll: float = 0.5, patterns: dict | None = None, keys: dict | None = None,
                  **env):
-        # `keys`: the stacks' API_KEYs ({name: key}), given to the router as the README
+        # `keys`: the stacks' API_KEYs ({name: key}), given to the router as docs/fleet.md
         # says (FLEET_KEY_<NAME>; the config names the variable, never the key)
         keys = keys or {}
         super().__init__({"LITELLM_MASTER_KEY": KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True",

@@ -537,7 +537,7 @@ def chat_agent(name: str) -> str:
 
 
 def test_opencode_with_the_readme_setup(waits, tmp_path):
-    """OpenCode 1.18.33 with the README's opencode.json (the model pinned, its limit):
+    """OpenCode 1.18.33 with docs/agents.md's opencode.json (the model pinned, its limit):
     its shell call runs through the Qwen3.5 template, every request streamed, one per
     turn, the first through a 2 s wait (the stack's progress chunks)."""
     make, model, rendering, _ = waits
@@ -568,7 +568,7 @@ def test_opencode_with_the_readme_setup(waits, tmp_path):
 
 
 def test_continue_cli_with_the_readme_setup(waits, tmp_path):
-    """The Continue CLI 1.5.47 with the README's config (name, version: it refuses one
+    """The Continue CLI 1.5.47 with docs/agents.md's config (name, version: it refuses one
     without): its shell call runs through the Qwen3.5 template, one request per turn,
     the first through a 2 s wait."""
     make, model, rendering, _ = waits

@@ -62,7 +62,12 @@ def responses(proxy, model: str, stream: bool, search: bool):
     if not stream:
         return codex(proxy).responses.create(**kw)
     events = list(codex(proxy).responses.create(stream=True, **kw))
-    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    # a tiny model may spend its 16 tokens before it ends: the stream then ends
+    # with response.incomplete (max_output_tokens), a whole answer all the same
+    assert events[0].type == "response.created"
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    if events[-1].type == "response.incomplete":
+        assert events[-1].response.incomplete_details.reason == "max_output_tokens"
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == events[-1].response.output_text
     return events[-1].response

@@ -45,6 +45,23 @@ def test_a_next_turn_keeps_its_key_and_a_side_call_has_its_own():
     assert len({key(first), key(side), key(other)}) == 3
 
 
+def test_two_sessions_in_one_folder_differ_by_their_first_prompt():
+    """Codex's first turn: its permissions (developer), its environment (user),
+    then the prompt; later turns append answers, calls and their results."""
+    def codex(prompt, *after):
+        return {"model": "a", "instructions": "You are Codex.", "input": [
+            {"type": "message", "role": "developer", "content": "sandbox: on"},
+            {"type": "message", "role": "user", "content": "<environment_context>"
+             "<cwd>/src</cwd></environment_context>"},
+            {"type": "message", "role": "user", "content": prompt}, *after]}
+    call = [{"type": "function_call", "name": "exec", "call_id": "c1", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+            {"type": "message", "role": "user", "content": "and now?"}]
+    one, two = codex("Fix the parser."), codex("Write the docs.")
+    assert key(one, "responses") != key(two, "responses")
+    assert key(one, "responses") == key(codex("Fix the parser.", *call), "responses")
+
+
 def test_the_key_reads_each_dialects_head_and_ignores_cache_control():
     msgs = {"model": "a", "system": [{"type": "text", "text": "S"}],
             "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
@@ -168,6 +185,9 @@ def test_a_side_call_last_before_the_swap_keeps_the_main_conversation(one):
     talk(one, "a", A1)
     talk(one, "a", SIDE)                      # a title call in A's session, last
     talk(one, "b", chat("hi"))
+    kept = one.driver.kv.kept()               # what /running and the console show
+    assert kept["models"]["a"]["prompts"] == 2 and kept["conversations_per_model"] == 8
+    assert kept["bytes"] == sum(p.stat().st_size for p in (one.root / "a").iterdir())
     one.servers["a"].texts.clear()
     one.servers["a"].ram.clear()
     t = talk(one, "a", A2)
@@ -281,3 +301,16 @@ def test_the_ledger_prices_each_phase_and_the_serving_share():
     assert hour["serving_share"] == pytest.approx(72 / 95, abs=1e-3)
     clock.now += 4000                        # an hour later: nothing counted
     assert ledger.last_hour()["serving_share"] is None
+
+
+def test_replays_stop_once_the_ram_cache_no_longer_held_one(one):
+    for body in (A1, C1, chat("Task E: " + "e" * 3000)):
+        talk(one, "a", body)
+    one.servers["a"].ram.clear()              # llama-server evicted A and C meanwhile
+    talk(one, "b", chat("hi"))
+    replays = [b for p, b in one.servers["a"].answered if b.get("max_tokens") == 1]
+    assert len(replays) == 1                  # C's (a re-prefill): A is not tried after it
+    names = [n for n in files(one.root / "a") if n.endswith(".json")]
+    assert len(names) == 1                    # E, the slot's own
+    assert sample(one.metrics.collectors, "swapper_kv_cache_failures_total",
+                  direction="save", reason="evicted") == 1
