@@ -188,3 +188,29 @@ def written(value: Any, typ=None) -> str | None:
     if isinstance(value, float):
         return f"{value:g}" if abs(value) < 1e15 else repr(value)
     return str(value)
+
+
+def read_dotenv(path) -> dict[str, str]:
+    """KEY=VALUE lines of a compose .env file (inline ' # comments' stripped, quotes
+    removed), for the tools that read `.env` as compose does (download-model.sh,
+    verify.sh); {} when there is none."""
+    from pathlib import Path
+    path = Path(path)
+    out: dict[str, str] = {}
+    if not path.is_file():
+        return out
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        key = key.strip().removeprefix("export ").strip()
+        value = value.strip()
+        if value[:1] in ("'", '"') and value.count(value[0]) >= 2:
+            value = value[1:value.index(value[0], 1)]
+        else:
+            for sep in (" #", "\t#"):
+                if sep in value:
+                    value = value.split(sep, 1)[0].rstrip()
+        out[key] = value
+    return out

@@ -16,9 +16,8 @@ import argparse
 import dataclasses
 import os
 import sys
-from pathlib import Path
 
-from common.config import exit_on_error
+from common.config import exit_on_error, read_dotenv
 
 from ..settings import DownloadSettings
 from .files import fetch_model
@@ -27,28 +26,6 @@ from .manifest import REPO, DownloadSpec, FetchError, hf_home, load_manifest, mo
 from .status import source_text, status
 
 # ------------------------------------------------------------------------ environment
-
-def read_dotenv(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines of a compose .env file (inline ' # comments' stripped)."""
-    out: dict[str, str] = {}
-    if not path.is_file():
-        return out
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        key, value = line.split("=", 1)
-        key = key.strip().removeprefix("export ").strip()
-        value = value.strip()
-        if value[:1] in ("'", '"') and value.count(value[0]) >= 2:
-            value = value[1:value.index(value[0], 1)]
-        else:
-            for sep in (" #", "\t#"):
-                if sep in value:
-                    value = value.split(sep, 1)[0].rstrip()
-        out[key] = value
-    return out
-
 
 def environment(models: dict[str, DownloadSpec]) -> dict[str, str]:
     """The downloader's settings and the models' file variables from os.environ,
