@@ -10,7 +10,7 @@ never a traceback.
 
 Each setting is declared once, with its default, bounds and one line of help:
 `.env.example` and docs/configuration.md are written from the declarations
-(scripts/settings_doc.py), which `declared(cls, group)` lists; a variable that
+(`python -m scripts.settings_doc`), which `declared(cls, group)` lists; a variable that
 is no service's field (compose's own, what backends/ interpolates) is a `Var`.
 """
 from __future__ import annotations
@@ -137,18 +137,22 @@ PORT = dict(min=1, max=65535)
 # ------------------------------------------------------------------ declarations
 
 GROUPS = {
-    "compose": "read by `docker compose` itself",
-    "both": "read by the proxy and the swapper, one value for both",
-    "swapper": "the GPU's owner, port 9000, not published",
-    "models": "what `backends/models/*.yaml` and `backends/kinds/*.yaml` interpolate, "
-              "and what the downloads read; read by the swapper and `download-model.sh`",
-    "proxy": "the public door",
-    "fixed": "set them only when running `python -m proxy` / `python -m swapper` outside "
-             "Docker; compose sets them and `.env` cannot move them",
-    "outside": "development and tests; not in `.env.example`",
+    "compose": ("Compose", "read by `docker compose` itself"),
+    "both": ("Proxy and swapper", "read by both services: one name, one meaning, one value "
+             "from `.env`"),
+    "swapper": ("Swapper", "the GPU's owner, port 9000, not published"),
+    "models": ("Models", "what `backends/models/*.yaml` and `backends/kinds/*.yaml` "
+               "interpolate, and what the downloads read; read by the swapper and "
+               "`download-model.sh`"),
+    "proxy": ("Proxy", "the public door"),
+    "fixed": ("Fixed by compose", "set them only when running `python -m proxy` / "
+              "`python -m swapper` outside Docker; compose or the image sets them and "
+              "`.env` cannot move them"),
+    "outside": ("Development", "outside compose: development, tests and "
+                "`download-model.sh`; not in `.env.example`"),
 }
-"""The docs' tables, in their order: each variable is in one (its service's, or
-the one its declaration names)."""
+"""The docs' tables, in their order, as (title, what they hold): each variable is
+in one (its service's, or the one its declaration names)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,20 +165,51 @@ class Var:
     help: str
     group: str
     shown: str | None = None
+    accepts: str = ""
+
+
+def accepts(typ, meta: Mapping) -> str:
+    """What a setting's value may be, in words: its type and its bounds as `parse`
+    checks them ("a number >= 0.001", "one of `hold`, `fifo`")."""
+    typ = _base(typ)
+    choices = meta.get("choices")
+    if choices:
+        return "one of " + ", ".join(f"`{c}`" for c in choices)
+    if typ is bool:
+        return "a boolean"
+    if meta.get("url"):
+        return "an http:// or https:// URL"
+    if typ is str:
+        return "text"
+    word = "an integer" if typ is int else "a number"
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is not None and hi is not None:
+        return f"{word} from {lo:g} to {hi:g}"
+    if lo is not None:
+        return f"{word} >= {lo:g}"
+    if hi is not None:
+        return f"{word} <= {hi:g}"
+    return word
 
 
 def declared(cls: type, group: str) -> list[Var]:
     """The environment variables of settings class `cls` (fields read from the
-    environment), as `Var`s; `group` unless a field names its own."""
+    environment), as `Var`s; `group` unless a field names its own. The class's own
+    fields first, then each base's (its MRO), each in declaration order."""
     hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        if not f.init or not f.metadata.get("read", True):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    order = [name for c in cls.__mro__ for name in vars(c).get("__annotations__", {})]
+    out, seen = [], set()
+    for name in order:
+        f = fields.get(name)
+        if f is None or name in seen or not f.init or not f.metadata.get("read", True):
             continue
+        seen.add(name)
         meta = f.metadata
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         out.append(Var(f.name, written(default, hints[f.name]), meta.get("help", ""),
-                       meta.get("group") or group, meta.get("shown")))
+                       meta.get("group") or group, meta.get("shown"),
+                       accepts(hints[f.name], meta)))
     return out
 
 

@@ -41,11 +41,12 @@ class Settings(Shared):
     HEADER_TIMEOUT: float = setting(
         10.0, "seconds a new connection's request line and headers may take to arrive from "
         "its accept; slower, or nothing sent, and the connection is closed without an "
-        "answer. A served connection waits 75 s (gunicorn's keep-alive) for its next "
-        "request", min=0.001)
+        "answer (slow or silent clients cannot hold the server's connections). A served "
+        "connection waits 75 s (gunicorn's keep-alive) for its next request", min=0.001)
     BODY_TIMEOUT: float = setting(
         30.0, "seconds a request body may take to arrive, plus 1 s per 64 KiB received; "
-        "slower is a 408 and the connection is closed", min=0.001)
+        "slower is a 408 and the connection is closed (trickling clients cannot hold the "
+        "server's connections)", min=0.001)
     MODELS_TTL: float = setting(
         30.0, "seconds the upstream's `/v1/models` is cached (per-model system prompt and "
         "token floor); 0: no cache", min=0)
@@ -66,7 +67,8 @@ class Settings(Shared):
     WAIT_PROGRESS: bool = setting(
         True, "with each comment of a stream still waiting for its first event (queue, "
         "hold, download, load, prefill), the dialect's progress events, which agents' idle "
-        "timers count (README, Agents that wait); `0`: comments only (proxy/progress.py)")
+        "timers count (see [Agents that wait](agents.md#agents-that-wait)); `0`: comments "
+        "only (proxy/progress.py)")
 
     # normalisation
     INJECT_SYSTEM: bool = setting(

@@ -71,8 +71,7 @@ class Settings(Shared, DownloadSettings):
         "engine never touch")
     MAX_QUEUE: int = setting(
         64, "requests waiting in all; beyond: 503 + `Retry-After`", min=1)
-    # The swap policy (swapper/scheduler.py; README "How swapping and queueing
-    # behave"). hold: an agent session's next request within its hold goes
+    # The swap policy (swapper/scheduler.py; docs/swapping.md). hold: an agent session's next request within its hold goes
     # before other models' waiting requests (HOLD_FIRST_SECONDS after its first
     # request, then twice its longest recent gap + 1 s, at most HOLD_SECONDS),
     # for at most a quantum of
@@ -81,8 +80,8 @@ class Settings(Shared, DownloadSettings):
     # resident model is drained (no holds).
     SWAP_POLICY: str = setting(
         "hold", "`hold`: an agent session's next turn keeps its model, within the quantum; "
-        "`fifo`: swap as soon as the resident model is drained (README, How swapping and "
-        "queueing behave)", choices=("hold", "fifo"))
+        "`fifo`: swap as soon as the resident model is drained (see "
+        "[swapping.md](swapping.md))", choices=("hold", "fifo"))
     HOLD_SECONDS: float = setting(
         10.0, "how long after its request a session's next request goes first, at most (a "
         "session's hold is twice its longest recent gap + 1 s)", min=0)
@@ -151,7 +150,8 @@ class Settings(Shared, DownloadSettings):
     # llama.cpp prompt caches saved when a backend stops, restored when it is next
     # loaded (swapper/kvcache.py, docs/kv-cache.md).
     KV_CACHE_DIR: str | None = setting(
-        None, "the swapper's folder for saved llama.cpp prompt caches (docs/kv-cache.md)",
+        None, "the swapper's folder for saved llama.cpp prompt caches (see "
+        "[kv-cache.md](kv-cache.md))",
         group="fixed", shown="compose: /kvcache; empty: no cache")
     KV_CACHE_VOLUME: str | None = setting(
         None, "what backends mount for KV_CACHE_DIR: a host path, `./` under HOST_DIR, or a "
@@ -167,9 +167,10 @@ class Settings(Shared, DownloadSettings):
         30.0, "seconds a load may spend restoring prompt caches (all slots); past it the "
         "rest is skipped; 0: never restore", min=0)
     KV_CACHE_CONVERSATIONS: int = setting(
-        8, "conversations kept per model (one-slot backends): saved before a stop, "
-        "restored into llama-server's RAM prompt cache at the next load; the least recent "
-        "go first", min=1, max=256)
+        8, "conversations per model whose prompt caches a swap keeps (one-slot llama.cpp "
+        "backends): saved before a stop, restored into llama-server's RAM prompt cache at "
+        "the next load; the newest first, as many as llama-server's `--cache-ram` holds; "
+        "`1`: only the slot's last", min=1, max=256)
     # Downloads on first use (swapper/download.py): a model whose files are missing
     # is fetched when first asked for, by download-model.sh's code (swapper.fetch)
     # from the files of scripts/models.toml.
