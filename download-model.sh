@@ -11,9 +11,11 @@
 # the environment or .env; relative paths are relative to this folder, as in compose.
 # File names live in scripts/models.toml. The Hugging Face CLI is installed into
 # ~/.cache/coding-stack/hf-venv on first need (HF_CLI=/path/to/hf to use your own).
+# The code is the swapper's downloader (swapper/fetch/), the one its downloads on
+# first use run.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 # shellcheck source=scripts/python.sh
 . "$repo/scripts/python.sh"
-run_python download-model.sh models.py "$@"
+run_module download-model.sh swapper.fetch "$@"

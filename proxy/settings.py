@@ -1,5 +1,6 @@
-"""Every environment variable the proxy reads, typed, with its default, in one place
-(read by common.config: a bad value stops the proxy at start, naming the variable)."""
+"""Every environment variable the proxy reads, typed, with its default and its
+help, in one place (read by common.config: a bad value stops the proxy at start,
+naming the variable). Those the swapper reads too are common.settings.Shared's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,55 +8,81 @@ from typing import Mapping
 
 from common import config
 from common.config import PORT, setting
+from common.settings import Shared
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True)
-class Settings:
-    # where requests go: the swapper, or a single llama-server / vLLM
-    BACKEND_URL: str = setting("http://swapper:9000", url=True)
-    PROXY_HOST: str = "0.0.0.0"
-    PROXY_PORT: int = setting(11433, **PORT)
-    # gunicorn gevent workers; > 1 puts the metrics in multiprocess mode (one set for all)
-    PROXY_WORKERS: int = setting(1, min=1, max=64)
-    # upstream connect timeout; read timeout is unbounded
-    CONNECT_TIMEOUT: float = setting(10.0, min=0.001)
-    MAX_BODY_BYTES: int = setting(64 * 1024 * 1024, min=1)
-    API_KEY: str = setting("", repr=False)  # when set: Bearer required on every route but /healthz
-    # Host names it answers for besides loopback names and IP addresses (comma-separated;
-    # "*": any). Anything else is a 421 (a DNS-rebinding page). common.origins
-    ALLOWED_HOSTS: str = ""
-    # Web origins allowed to call it from a browser (comma-separated, exact:
-    # "https://app.example"); none by default: every other origin is refused (403).
-    CORS_ORIGINS: str = ""
-    # Seconds a new connection's request head may take to arrive; slower: closed.
-    HEADER_TIMEOUT: float = setting(10.0, min=0.001)
-    # Seconds a request body may take to arrive (plus 1 s per 64 KiB); slower: 408, closed.
-    BODY_TIMEOUT: float = setting(30.0, min=0.001)
-    # cache of the upstream's /v1/models (system prompt, floor); 0 = no cache
-    MODELS_TTL: float = setting(30.0, min=0)
+class Settings(Shared):
+    BACKEND_URL: str = setting(
+        "http://swapper:9000", "the proxy's upstream: the swapper, or a single llama-server "
+        "/ vLLM", url=True, group="fixed")
+    PROXY_HOST: str = setting(
+        "0.0.0.0", "the proxy's listen address (outside Docker `PROXY_PORT` is its listen "
+        "port)", group="fixed")
+    PROXY_PORT: int = setting(
+        11433, "host port the endpoint is published on; in its container the proxy always "
+        "listens on 11433 (outside Docker: its listen port)", **PORT, group="compose")
+    PROXY_WORKERS: int = setting(
+        1, "gunicorn gevent workers; above 1, metrics are merged over all workers "
+        "(`PROMETHEUS_MULTIPROC_DIR`, a temporary folder unless set)", min=1, max=64)
+    MAX_BODY_BYTES: int = setting(
+        64 * 1024 * 1024, "larger request bodies get 413 (chunked ones too)", min=1)
+    API_KEY: str = setting(
+        "", "set: `Authorization: Bearer <key>` (or `x-api-key`) on every route but "
+        "`/healthz` and the console's page and assets, else 401 (checked before the body "
+        "is read)", repr=False)
+    CORS_ORIGINS: str = setting(
+        "", "web origins allowed to call the proxy from a browser, exact and "
+        "comma-separated (`https://app.example`); they get `Access-Control-Allow-Origin` "
+        "(never credentials) and their preflights are answered by the proxy. Empty: every "
+        "other origin is refused (403)")
+    HEADER_TIMEOUT: float = setting(
+        10.0, "seconds a new connection's request line and headers may take to arrive from "
+        "its accept; slower, or nothing sent, and the connection is closed without an "
+        "answer (slow or silent clients cannot hold the server's connections). A served "
+        "connection waits 75 s (gunicorn's keep-alive) for its next request", min=0.001)
+    BODY_TIMEOUT: float = setting(
+        30.0, "seconds a request body may take to arrive, plus 1 s per 64 KiB received; "
+        "slower is a 408 and the connection is closed (trickling clients cannot hold the "
+        "server's connections)", min=0.001)
+    MODELS_TTL: float = setting(
+        30.0, "seconds the upstream's `/v1/models` is cached (per-model system prompt and "
+        "token floor); 0: no cache", min=0)
 
     # web search
-    WEB_SEARCH: bool = True
-    SEARXNG_URL: str = setting("http://host.docker.internal:8080", url=True)
-    SEARXNG_RESULTS: int = setting(5, min=1)
-    SEARXNG_TIMEOUT: float = setting(10.0, min=0.001)
-    MAX_SEARCH_ITER: int = setting(10, min=0)
-    SEARCH_SNIPPET_CHARS: int = setting(400, min=0)
-    SEARCH_SOURCES: bool = True         # append a "Sources:" block to answers that used search
-    # SSE comment while a search runs inside a stream
-    KEEPALIVE_INTERVAL: float = setting(5.0, min=0.001)
-    # with each comment of a stream still waiting for its first event, the dialect's
-    # progress events, which agents' idle timers count (proxy/progress.py); 0: comments only
-    WAIT_PROGRESS: bool = True
+    WEB_SEARCH: bool = setting(True, "inject and run the `web_search` tool")
+    SEARXNG_URL: str = setting(
+        "http://host.docker.internal:8080", "SearXNG base URL (the bundled one, "
+        "`--profile searxng`: `http://searxng:8080`)", url=True)
+    SEARXNG_RESULTS: int = setting(5, "results per search query", min=1)
+    SEARXNG_TIMEOUT: float = setting(
+        10.0, "seconds a whole query may take (connect, headers and body)", min=0.001)
+    MAX_SEARCH_ITER: int = setting(
+        10, "search rounds per request; then one last call without the tool", min=0)
+    SEARCH_SNIPPET_CHARS: int = setting(400, "snippet length cap", min=0)
+    SEARCH_SOURCES: bool = setting(
+        True, "append a `Sources:` block to answers that used search")
+    WAIT_PROGRESS: bool = setting(
+        True, "with each comment of a stream still waiting for its first event (queue, "
+        "hold, download, load, prefill), the dialect's progress events, which agents' idle "
+        "timers count (see [Agents that wait](agents.md#agents-that-wait)); `0`: comments "
+        "only (proxy/progress.py)")
 
     # normalisation
-    INJECT_SYSTEM: bool = True
-    SYSTEM_PROMPT: str = ""
-    TOOL_MAX_TOKENS_FLOOR: int = setting(1024, min=0)   # 0 = off
+    INJECT_SYSTEM: bool = setting(
+        True, "prepend a system prompt when the conversation does not start with a "
+        "system/developer message")
+    SYSTEM_PROMPT: str = setting(
+        "", "its text when the model's registry entry has no `system_prompt`")
+    TOOL_MAX_TOKENS_FLOOR: int = setting(
+        1024, "when the request carries tools of its own (the injected `web_search` does "
+        "not count), a smaller `max_tokens` / `max_completion_tokens` is raised to this "
+        "(or the model's `max_tokens_floor`); a request without tools of its own and a "
+        "smaller budget gets no `web_search`; `0`: off", min=0)
 
-    LOG_LEVEL: str = setting("INFO", choices=LOG_LEVELS)
+    LOG_LEVEL: str = setting("INFO", "log level", choices=LOG_LEVELS)
 
     def __post_init__(self):
         object.__setattr__(self, "BACKEND_URL", self.BACKEND_URL.rstrip("/"))

@@ -28,9 +28,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(REPO))
 from benchmark import BenchError, build_url, stream_chat  # noqa: E402
-from models import REPO, read_dotenv  # noqa: E402
+
+from common.config import read_dotenv  # noqa: E402
 
 GATE = REPO / "scripts" / "verify.toml"
 PROBES = ("load", "chat", "stream", "tools", "n=2", "search")

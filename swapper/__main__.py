@@ -45,7 +45,6 @@ def main(argv: list[str] | None = None) -> int:
         return rc
 
     import logging
-    import os
 
     from .kvcache import backend_ids
     from .privileges import drop_privileges
@@ -53,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Before gunicorn is imported: its settings take the process's uid then.
     logging.getLogger("swapper").info(
-        drop_privileges(os.environ.get("SWAPPER_USER", ""), os.environ.get("DOCKER_HOST"),
+        drop_privileges(settings.SWAPPER_USER, settings.DOCKER_HOST,
                         writes=(settings.DOWNLOAD_MODELS_DIR or "",),
-                        groups_too=tuple(g for g in [backend_ids(
-                            os.environ.get("BACKEND_USER") or "65534:65534")[1]] if g)))
+                        groups_too=tuple(g for g in [backend_ids(settings.BACKEND_USER)[1]]
+                                         if g)))
 
     from common.serve import serve
 

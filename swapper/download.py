@@ -1,6 +1,6 @@
 """Downloads on first use: a registry model whose files are absent is fetched
 when it is first asked for (a request, /load), by the same code as
-download-model.sh (scripts/models.py's fetch_model: resumable, size-verified,
+download-model.sh (swapper.fetch's fetch_model: resumable, size-verified,
 HF_TOKEN for gated repos, a file at its final name is always whole), then loaded.
 
 Where it sits. A download is not a load: it holds no GPU and must not hold the
@@ -37,21 +37,20 @@ its partial file (a process-unique temporary name since its PR 4228), so the
 next one starts from byte 0 -- for a 20-50 GB GGUF that is the difference that
 matters; its disk-space check only warns; it checks no sha256; and it would
 add ~60 MB of dependencies (httpx, hf-xet) to the swapper's image. The
-hand-written loop (scripts/models.py, the standard library only, the same code
+hand-written loop (swapper.fetch, the standard library only, the same code
 as download-model.sh) keeps the resume and now pins it.
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
-import sys
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
+from . import fetch as downloader
 from .scheduler import OTHER_PROCESS, LoadFailed, Scheduler
 from .settings import Settings
 
@@ -61,19 +60,6 @@ log = logging.getLogger("swapper.download")
 KIND_CAUSE = {"disk_full": "disk_full"}     # every other FetchError kind: download_failed
 
 PROGRESS_INTERVAL = 0.5     # seconds between progress reports of one download
-
-
-def load_models_module(path: str | Path):
-    """scripts/models.py (what download-model.sh runs), imported from its file."""
-    path = Path(path)
-    name = "coding_stack_models"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 class Downloads:
@@ -87,10 +73,9 @@ class Downloads:
         self._clock = clock
         self._fetch = fetch         # tests: (spec, env, todo, progress) instead of fetch_model
         self._turns = DiskTurns()
-        self.models = None          # scripts/models.py, once loaded
+        self.models = downloader    # swapper.fetch (what download-model.sh runs)
         self.manifest: dict = {}
         try:
-            self.models = load_models_module(settings.MODELS_SCRIPT)
             self.manifest = self.models.load_manifest(Path(settings.MODELS_MANIFEST))
         except Exception as e:      # no manifest: nothing is downloaded, loads go on
             log.warning("no download manifest (%s): models are never downloaded on first "
@@ -98,7 +83,7 @@ class Downloads:
 
     # ------------------------------------------------------------------ files
     def env(self) -> dict:
-        """What scripts/models.py reads: the swapper's environment, with MODELS_DIR
+        """What the downloader reads: the swapper's environment, with MODELS_DIR
         and HF_HOME as this process sees them (DOWNLOAD_MODELS_DIR, ...)."""
         env = {k: v for k, v in self.settings.env.items() if v}
         env["MODELS_DIR"] = self.settings.models_dir()
@@ -106,7 +91,7 @@ class Downloads:
         return env
 
     def missing(self, model: str) -> list:
-        """The model's files not present (FileStatus of scripts/models.py); []
+        """The model's files not present (swapper.fetch's FileStatus); []
         when all are, or when the manifest does not know the model."""
         spec = self.manifest.get(model)
         if spec is None:
@@ -218,8 +203,8 @@ class Downloads:
 
 class DiskTurns:
     """One download at a time per disk, in the order they were asked for: the
-    free space a download checks is then its own (with a headroom: scripts/
-    models.py's download_file), not what several running downloads would share.
+    free space a download checks is then its own (with a headroom: swapper.
+    fetch's download_file), not what several running downloads would share.
     A place is taken in line (`line_up`), waited on (`turn`, which tells
     `waiting(model before it)` first when it must wait) and always left
     (`leave`, by whoever took it, in a `finally`)."""

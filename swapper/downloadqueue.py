@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-# A download's `waiting_for` when another process holds MODELS_DIR (scripts/models.py's
+# A download's `waiting_for` when another process holds MODELS_DIR (swapper.fetch's
 # models_dir_lock): ./download-model.sh run by hand, or a second swapper.
 OTHER_PROCESS = "another process"
 

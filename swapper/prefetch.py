@@ -153,14 +153,13 @@ def local_view(settings) -> Callable[[str], str | None]:
     the models folder and HF_HOME where compose mounts them into the swapper
     (DOWNLOAD_MODELS_DIR, DOWNLOAD_HF_HOME), else the path itself when it exists
     here (a swapper on the host)."""
-    env = settings.env
-    views = {settings._host_path(env.get("MODELS_DIR"), "./models"): settings.models_dir(),
-             settings._host_path(env.get("HF_HOME"), "./hf-cache"): settings.hf_home()}
+    views = {settings._host_path(settings.MODELS_DIR): settings.models_dir(),
+             settings._host_path(settings.HF_HOME): settings.hf_home()}
 
     def view(source: str) -> str | None:
         if not source.startswith(("/", ".", "~")):
             return None                     # a named volume
-        path = settings._host_path(source, source)
+        path = settings._host_path(source)
         local = views.get(path, path)
         return local if os.path.isdir(local) else None
     return view

@@ -21,7 +21,9 @@ from proxy.settings import Settings as ProxySettings
 from swapper.settings import Settings as SwapperSettings
 
 REPO = Path(__file__).resolve().parents[2]
-SERVICE_TABLES = ("Compose", "Swapper", "Models", "Proxy")
+SERVICE_TABLES = ("Compose", "Proxy and swapper", "Swapper", "Models", "Proxy")
+# Read by both services, one value (common.settings.Shared).
+BOTH = "Proxy and swapper"
 # What compose fixes (docs/configuration.md's "Fixed by compose" table), per service.
 FIXED = {
     "proxy": {"BACKEND_URL": "http://swapper:9000", "PROXY_HOST": "0.0.0.0", "PROXY_PORT": "11433"},
@@ -116,12 +118,14 @@ def test_the_model_variables_are_the_ones_backends_interpolates():
 
 def test_every_variable_the_code_reads_is_documented():
     tables = readme_tables()
-    proxy_doc = set(tables["Proxy"]) | set(tables["Fixed by compose"]) | {"PROXY_PORT"}
+    proxy_doc = set(tables["Proxy"]) | set(tables[BOTH]) | set(tables["Fixed by compose"]) \
+        | {"PROXY_PORT"}
     missing = {f for f in ProxySettings.__dataclass_fields__} - proxy_doc
     assert not missing, f"the proxy reads {sorted(missing)}: document them (docs/configuration.md, .env.example)"
     read = {f.name for f in dataclasses.fields(SwapperSettings) if f.metadata.get("read")}
     assert read, "the swapper's settings changed shape: adapt this test"
-    swapper_doc = set(tables["Swapper"]) | set(tables["Fixed by compose"])
+    swapper_doc = set(tables["Swapper"]) | set(tables[BOTH]) | set(tables["Models"]) \
+        | set(tables["Fixed by compose"]) | set(tables["Development"])
     missing = read - swapper_doc
     assert not missing, f"the swapper reads {sorted(missing)}: document them"
 
@@ -170,9 +174,9 @@ def test_every_documented_setting_reaches_its_service(project, tmp_path, route):
     svc = cfg["services"]
     env = {name: svc[name].get("environment") or {} for name in ("proxy", "swapper")}
 
-    for var in (*doc["Swapper"], *doc["Models"]):
+    for var in (*doc["Swapper"], *doc["Models"], *doc[BOTH]):
         assert env["swapper"].get(var) == values[var], (var, env["swapper"].get(var))
-    for var in doc["Proxy"]:
+    for var in (*doc["Proxy"], *doc[BOTH]):
         assert env["proxy"].get(var) == values[var], (var, env["proxy"].get(var))
     for name, fixed in FIXED.items():
         for var, want in fixed.items():

@@ -46,7 +46,7 @@ def dirs(tmp_path):
 
 
 def sha256(path: Path) -> str:
-    """An oracle independent of scripts/models.py's own checksum code."""
+    """An oracle independent of the downloader's own checksum code (swapper/fetch/)."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 

@@ -1,5 +1,5 @@
 """Downloads on first use, on the fake runtime with the real download code
-(scripts/models.py's fetch_model over HTTP) against a stand-in Hub (HF_ENDPOINT):
+(swapper.fetch's fetch_model over HTTP) against a stand-in Hub (HF_ENDPOINT):
 one download however many requests wait for it, other models served meanwhile,
 progress in the waiting stream and the model status, AUTO_DOWNLOAD=0's clear
 error, and failures (401, a full disk, a connection cut mid-file) that end the
@@ -46,10 +46,10 @@ def make_app(tmp_path, hub, urls, **settings):
     manifest.write_text(MANIFEST)
     models = tmp_path / "models"
     models.mkdir(exist_ok=True)
-    s = Settings(BACKENDS_DIR=str(FIXTURE_BACKENDS),
-                 env={**ENV, "HF_ENDPOINT": hub.url, "MODELS_DIR": str(models)},
-                 WATCH_INTERVAL=0.05, CRASH_BACKOFF=0.01, KEEPALIVE_INTERVAL=0.1,
-                 MODELS_MANIFEST=str(manifest), **settings)
+    s = Settings.from_env({**ENV, "HF_ENDPOINT": hub.url, "MODELS_DIR": str(models)},
+                          BACKENDS_DIR=str(FIXTURE_BACKENDS),
+                          WATCH_INTERVAL=0.05, CRASH_BACKOFF=0.01, KEEPALIVE_INTERVAL=0.1,
+                          MODELS_MANIFEST=str(manifest), **settings)
     runtime = FakeRuntime(urls)
     return create_app(s, runtime=runtime), runtime, models / "tiny" / "tiny-a.gguf"
 
@@ -332,10 +332,8 @@ def test_the_hubs_own_headers_are_read_on_its_redirect(hub):
     X-Linked-Size on its redirect to the CDN, whose own ETag is another thing:
     they are read there, not after the redirect is followed; the GET then goes
     where the redirect points, at the commit."""
-    from swapper.download import load_models_module
+    from swapper import fetch as m
     from tests.support.servers import Scripted
-    from tests.support.swapperproc import REPO
-    m = load_models_module(REPO / "scripts" / "models.py")
     sha, commit = FakeHub.sha256(DATA), FakeHub.commit(DATA)
     cdn = f"{hub.url}/org/tiny-GGUF/resolve/main/tiny-a.gguf"
     redirect = (b"HTTP/1.1 302 Found\r\nLocation: %s\r\nX-Repo-Commit: %s\r\n"
