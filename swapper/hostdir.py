@@ -18,6 +18,7 @@ import logging
 import os
 import re
 from pathlib import Path
+from typing import Any, Callable
 
 log = logging.getLogger("swapper.hostdir")
 
@@ -49,15 +50,16 @@ def from_container(attrs: dict, backends_dir: str) -> str | None:
     return None
 
 
-def host_dir(settings, client, container_id: str | None = None) -> str:
-    """Where `./` of backends/ is on the host (see the module's docstring)."""
+def host_dir(settings, client: Callable[[], Any], container_id: str | None = None) -> str:
+    """Where `./` of backends/ is on the host (see the module's docstring). `client`
+    makes the engine's client, asked only when the swapper runs in a container."""
     explicit = (settings.env.get("HOST_DIR") or "").strip()
     if explicit:
         return explicit
     cid = container_id or own_container_id()
     if cid:
         try:
-            found = from_container(client.api.inspect_container(cid), settings.BACKENDS_DIR)
+            found = from_container(client().api.inspect_container(cid), settings.BACKENDS_DIR)
         except Exception as e:  # noqa: BLE001 - not fatal: fall back, say so
             log.warning("cannot inspect the swapper's own container %s (%s); relative volume "
                         "paths resolve against %s (set HOST_DIR)", cid[:12], e, settings.HOST_DIR)

@@ -202,7 +202,7 @@ class DockerRuntime:
         """HOST_DIR, else the compose project folder (asked of the engine on
         first use: the engine may be down when the swapper starts)."""
         if self._host_dir is None:
-            self._host_dir = hostdir.host_dir(self.settings, self.client)
+            self._host_dir = hostdir.host_dir(self.settings, lambda: self.client)
         return self._host_dir
 
     # ----------------------------------------------------------------- naming

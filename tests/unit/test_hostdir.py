@@ -27,7 +27,14 @@ class FakeApi:
 
 
 def client(**kw):
-    return SimpleNamespace(api=FakeApi(**kw))
+    """What makes the engine's client (the runtime's lazy `client` property); its
+    `api` is the fake engine the tests read."""
+    made = SimpleNamespace(api=FakeApi(**kw))
+
+    def make():
+        return made
+    make.api = made.api
+    return make
 
 
 def settings(**env):
