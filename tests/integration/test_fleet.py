@@ -23,7 +23,7 @@ import anthropic
 import pytest
 import requests
 
-from tests.support.agents import QUERY, searching_model
+from tests.support.agents import QUERY, cli, codex_home, run, searching_model
 from tests.support.chat import Reply, search
 from tests.support.dialects import ScriptedDialects
 from tests.support.fleet import (FLEET_DIR, KEY, DockerSampler, LiteLLMRouter, chat,
@@ -632,7 +632,6 @@ def test_claude_code_through_the_router_searches_on_the_stack(fleet, tmp_path):
     """Claude Code (headless) with ANTHROPIC_BASE_URL at the router: its WebSearch
     (web_search_20250305) is run by stack C against SearXNG, the result blocks come
     back through LiteLLM, and the answer is built on the first result."""
-    from tests.integration.proxy.test_agents import cli, run
     fleet.model_c.requests.clear()
     p = run([cli("claude"), "-p", "Search the web: what changed in Flask 3.1?",
              "--max-turns", "4", "--allowedTools", "WebSearch"], tmp_path, {
@@ -647,7 +646,6 @@ def test_claude_code_through_the_router_searches_on_the_stack(fleet, tmp_path):
 def test_codex_through_the_router_searches_on_the_stack(fleet, tmp_path):
     """Codex (headless, Responses) with its provider's base_url at the router: the
     stack runs its web_search; the answer names the first result."""
-    from tests.integration.proxy.test_agents import cli, codex_home, run
     home = codex_home(tmp_path, fleet.url, 'web_search = "live"')
     p = run([cli("codex"), "exec", "--skip-git-repo-check",
              "Search the web: what changed in Flask 3.1?"], tmp_path,
