@@ -16,6 +16,10 @@ from .process import REPO, ServiceProcess
 from .servers import free_port
 
 FIXTURE_BACKENDS = REPO / "tests" / "fixtures" / "backends"
+# The test bed's variables as the unit tests give them to FIXTURE_BACKENDS (no test bed).
+ENV = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
+       "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
+       "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
 LABEL_STACK = "org.coding-stack.stack"
 _KEYS: dict[str, str] = {}          # stack -> the backends' key of its swappers
 
