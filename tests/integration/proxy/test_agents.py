@@ -224,15 +224,12 @@ def swapper_stack():
     from swapper.app import create_app
     from swapper.settings import Settings as SwapperSettings
     from tests.support.fake_runtime import FakeRuntime
-    from tests.support.swapperproc import FIXTURE_BACKENDS
-    env = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
-           "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
-           "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
+    from tests.support.swapperproc import ENV, FIXTURE_BACKENDS
     rendering = Rendering(delegating_model)
     with FakeSearxng() as searx, ScriptedDialects() as model:
         model.responder = rendering
         runtime = FakeRuntime({"tiny-a": model.url})
-        app = create_app(SwapperSettings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=env,
+        app = create_app(SwapperSettings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=ENV,
                                          WATCH_INTERVAL=5), runtime=runtime)
         with ServerThread(app) as swapper, ProxyProcess(
                 BACKEND_URL=swapper.url, SEARXNG_URL=searx.url, MODELS_TTL=0,
@@ -391,17 +388,14 @@ def _codex_behind_the_swapper(tmp_path, model_id: str, slow_start: bool, before=
     from swapper.app import create_app
     from swapper.settings import Settings as SwapperSettings
     from tests.support.fake_runtime import FakeRuntime
-    from tests.support.swapperproc import FIXTURE_BACKENDS
+    from tests.support.swapperproc import ENV, FIXTURE_BACKENDS
 
-    env = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
-           "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
-           "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
     rendering = Rendering()
     runtime_cls = type("Runtime", (_SlowStart, FakeRuntime), {}) if slow_start else FakeRuntime
     with FakeSearxng() as searx, ScriptedDialects() as model:
         model.responder = rendering
         runtime = runtime_cls({model_id: model.url})
-        app = create_app(SwapperSettings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=env,
+        app = create_app(SwapperSettings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=ENV,
                                          WATCH_INTERVAL=5, KEEPALIVE_INTERVAL=0.5),
                          runtime=runtime)
         with ServerThread(app) as swapper, ProxyProcess(
