@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import pytest
 
+# The helpers' and shared fixtures' asserts explain themselves as a test's do.
+pytest.register_assert_rewrite("tests.support")
+
 LEVELS = ("unit", "integration", "reliability", "e2e")
 AREAS = {
     "proxy": ("proxy",),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import requests
 
-from tests.e2e.test_compose import REPO, Compose, up
+from tests.support.compose import REPO, Compose, up
 from tests.support.fake_runtime import TINY_REPO, FakeHub, tiny_a_from_hub
 
 

@@ -23,14 +23,15 @@ import anthropic
 import pytest
 import requests
 
-from tests.support.agents import QUERY, searching_model
+from tests.support.agents import QUERY, cli, codex_home, run, searching_model
 from tests.support.chat import Reply, search
 from tests.support.dialects import ScriptedDialects
 from tests.support.fleet import (FLEET_DIR, KEY, DockerSampler, LiteLLMRouter, chat,
-                                 served_by, swapper_counts, wait_for)
+                                 served_by, swapper_counts)
 from tests.support.metrics import scrape
 from tests.support.process import REPO
 from tests.support.proxyproc import ProxyProcess, searching
+from tests.support.servers import wait_until
 from tests.support.swapperproc import SwapperProcess
 
 A_DIR = REPO / "tests" / "fixtures" / "fleet" / "a"
@@ -92,8 +93,9 @@ def loads(before: dict, after: dict) -> dict:
 def unload_all(f):
     for p in (f.pa, f.pb):
         requests.post(p.url + "/unload", timeout=30, headers=auth(p.url)).raise_for_status()
-    wait_for(lambda: not any(requests.get(sw.url + "/healthz", timeout=5).json()["model"]
-                             for sw in (f.sa, f.sb)), "both stacks idle")
+    wait_until(lambda: not any(requests.get(sw.url + "/healthz", timeout=5).json()["model"]
+                               for sw in (f.sa, f.sb)),
+               "both stacks idle", 30, every=0.2)
     time.sleep(1.2)                      # the router's poller (0.5 s) sees it
 
 
@@ -192,7 +194,7 @@ def test_no_key_or_a_wrong_key_is_a_401(fleet, key):
     assert posts() == n0                               # no 401 reached a stack
     r = chat(fleet.url, "beta")                        # the master key still passes
     assert r.status_code == 200, r.text
-    wait_for(lambda: posts() == n0 + 1, "the one request counted on a stack", 10)
+    wait_until(lambda: posts() == n0 + 1, "the one request counted on a stack", 10, every=0.2)
 
 
 def test_no_virtual_keys_and_the_database_error_is_said(fleet):
@@ -432,7 +434,7 @@ def test_health_traffic_starts_no_load(fleet):
         def enough():
             assert requests.get(fleet.url + "/health/liveliness", timeout=5).status_code == 200
             return poller.polls >= HEALTH_PROBES
-        wait_for(enough, f"{HEALTH_PROBES} status polls", deadline=22, every=0.5)
+        wait_until(enough, f"{HEALTH_PROBES} status polls", 22, every=0.5)
     finally:
         poller.stop()
         poller._thread.join(5)
@@ -570,7 +572,8 @@ def test_failover_when_a_swapper_dies_and_return(fleet):
     n_before_kill = len(results)
     fleet.sa.stop(kill=True)
     killed_at = time.monotonic()
-    wait_for(lambda: any(s == "B" for _, s in results[n_before_kill:]), "beta served by B", 60)
+    wait_until(lambda: any(s == "B" for _, s in results[n_before_kill:]),
+               "beta served by B", 60, every=0.2)
     moved_after = time.monotonic() - killed_at
     time.sleep(2.0)
     stop.set()
@@ -588,7 +591,8 @@ def test_failover_when_a_swapper_dies_and_return(fleet):
     back.env["SWAPPER_PORT"] = str(fleet.sa.port)
     with back:
         fleet.sa = back
-        wait_for(lambda: chat(fleet.url, "alpha").status_code == 200, "alpha answered", 60)
+        wait_until(lambda: chat(fleet.url, "alpha").status_code == 200,
+                   "alpha answered", 60, every=0.2)
         assert ok_from(fleet, "alpha") == "A"
         assert ok_from(fleet, "beta") in ("A", "B")
         unload_all(fleet)
@@ -628,7 +632,6 @@ def test_claude_code_through_the_router_searches_on_the_stack(fleet, tmp_path):
     """Claude Code (headless) with ANTHROPIC_BASE_URL at the router: its WebSearch
     (web_search_20250305) is run by stack C against SearXNG, the result blocks come
     back through LiteLLM, and the answer is built on the first result."""
-    from tests.integration.proxy.test_agents import cli, run
     fleet.model_c.requests.clear()
     p = run([cli("claude"), "-p", "Search the web: what changed in Flask 3.1?",
              "--max-turns", "4", "--allowedTools", "WebSearch"], tmp_path, {
@@ -643,7 +646,6 @@ def test_claude_code_through_the_router_searches_on_the_stack(fleet, tmp_path):
 def test_codex_through_the_router_searches_on_the_stack(fleet, tmp_path):
     """Codex (headless, Responses) with its provider's base_url at the router: the
     stack runs its web_search; the answer names the first result."""
-    from tests.integration.proxy.test_agents import cli, codex_home, run
     home = codex_home(tmp_path, fleet.url, 'web_search = "live"')
     p = run([cli("codex"), "exec", "--skip-git-repo-check",
              "Search the web: what changed in Flask 3.1?"], tmp_path,

@@ -8,12 +8,10 @@ served."""
 from __future__ import annotations
 
 import json
-import resource
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 import requests
 
 from tests.support.proxyproc import ProxyProcess
@@ -31,17 +29,6 @@ def slow_upstream(environ, start_response):
     start_response("200 OK", [("Content-Type", "application/json"),
                               ("Content-Length", str(len(body)))])
     return [body]
-
-
-@pytest.fixture
-def nofile():
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = 4096           # this process's sockets, and the proxy's (it inherits the limit)
-    if soft < want:     # a hard limit below it is raised too (root; else this fails)
-        raised = hard if hard == resource.RLIM_INFINITY else max(hard, want)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, raised))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_requests_are_served_with_over_1100_connections_open(nofile):

@@ -17,7 +17,6 @@ import time
 
 import pytest
 
-from tests.integration.test_many_connections import nofile  # noqa: F401 (a fixture)
 from tests.support.proxyproc import ProxyProcess
 from tests.support.rawhttp import send
 from tests.support.servers import ServerThread

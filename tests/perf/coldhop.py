@@ -111,11 +111,8 @@ def swapper_app():
     from swapper.app import create_app
     from swapper.settings import Settings
     from tests.support.fake_runtime import FakeRuntime
-    from tests.support.swapperproc import FIXTURE_BACKENDS
-    env = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
-           "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
-           "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
-    app = create_app(Settings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=env, WATCH_INTERVAL=5),
+    from tests.support.swapperproc import ENV, FIXTURE_BACKENDS
+    app = create_app(Settings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=ENV, WATCH_INTERVAL=5),
                      runtime=FakeRuntime({"tiny-b": "http://127.0.0.1:1"}))
     app.extensions["swapper"].forwarder.client = StubClient()
     assert app.test_client().post("/load/tiny-b").status_code == 200

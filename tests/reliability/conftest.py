@@ -8,5 +8,5 @@ settings.register_profile(
 settings.load_profile("ci")
 
 # The swapper integration fixtures: a real swapper per module on the real engine.
-from tests.integration.swapper.conftest import (  # noqa: F401
+from tests.support.swapper_fixtures import (  # noqa: F401
     _unload_between_tests, docker_client, invariant, swapper)

@@ -29,9 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import docker
 
-from tests.integration.swapper.conftest import InvariantSampler
 from tests.support.proxyproc import ProxyProcess
-from tests.support.swapperproc import SwapperProcess, stack_containers
+from tests.support.swapperproc import InvariantSampler, SwapperProcess, stack_containers
 
 MODELS = ("tiny-a", "tiny-b")
 

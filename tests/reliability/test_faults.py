@@ -13,10 +13,9 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from tests.integration.swapper.test_swapper import (chat, data_until_broken, metric, running,
-                                                    wait_for)
 from tests.support.docker_outage import DockerRelay
-from tests.support.servers import post_and_abandon
+from tests.support.servers import post_and_abandon, wait_until
+from tests.support.swapper_client import chat, data_until_broken, metric, running
 from tests.support.swapperproc import SwapperProcess, stack_containers
 
 
@@ -123,7 +122,7 @@ def test_first_request_after_a_kill_mid_stream_succeeds(swapper, docker_client):
     status, data = raw(swapper.url, "POST", "/v1/chat/completions", {
         "model": "b", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
     assert status == 200, data
-    wait_for(lambda: running(swapper)["in_flight"] == 0, 10, "slots free")
+    wait_until(lambda: running(swapper)["in_flight"] == 0, "slots free", 10, every=0.2)
 
 
 def test_a_crash_looping_backend_gets_clear_errors_and_leaves_nothing(swapper, docker_client):
@@ -149,8 +148,8 @@ def test_docker_outage_during_a_load_fails_it_clearly_and_recovers(docker_client
             with ThreadPoolExecutor(2) as pool:
                 waiting = [pool.submit(chat, sw.url, "never-ready", timeout=60)
                            for _ in range(2)]
-                wait_for(lambda: stack_containers(docker_client, sw.stack), 30,
-                         "the backend container created")
+                wait_until(lambda: stack_containers(docker_client, sw.stack),
+                           "the backend container created", 30, every=0.2)
                 relay.down()
                 results = [f.result() for f in waiting]
             for r in results:
@@ -180,8 +179,8 @@ def test_docker_unreachable_at_start_serves_degraded_and_recovers(docker_client)
             r = chat(sw.url, "b", timeout=60)
             assert r.status_code == 503 and r.json()["error"]["code"] == "docker_unavailable"
             relay.up()
-            wait_for(lambda: requests.get(sw.url + "/healthz", timeout=10).status_code == 200,
-                     30, "healthy once Docker answers")
+            wait_until(lambda: requests.get(sw.url + "/healthz", timeout=10).status_code == 200,
+                       "healthy once Docker answers", 30, every=0.2)
             r = chat(sw.url, "b", timeout=180)
             assert r.status_code == 200, r.text
             del r, hz       # their kept-alive sockets would hold the swapper's stop 5 s
@@ -193,9 +192,10 @@ def test_client_gone_while_its_model_loads_leaves_nothing_held(swapper):
     post_and_abandon(swapper.url, "/v1/chat/completions", {
         "model": "b", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]},
         after=0.3)
-    wait_for(lambda: running(swapper)["state"] == "ready", 120, "the load finished anyway")
-    wait_for(lambda: running(swapper)["in_flight"] == 0 and running(swapper)["queued"] == 0,
-             10, "nothing held by the client that left")
+    wait_until(lambda: running(swapper)["state"] == "ready",
+               "the load finished anyway", 120, every=0.2)
+    wait_until(lambda: running(swapper)["in_flight"] == 0 and running(swapper)["queued"] == 0,
+               "nothing held by the client that left", 10, every=0.2)
     assert chat(swapper.url, "b", timeout=60).status_code == 200
 
 
@@ -211,8 +211,8 @@ def test_many_hangups_at_every_stage_leave_nothing_held(swapper):
         t.start()
     for t in threads:
         t.join()
-    wait_for(lambda: running(swapper)["in_flight"] == 0 and running(swapper)["queued"] == 0,
-             60, "every abandoned request ended")
+    wait_until(lambda: running(swapper)["in_flight"] == 0 and running(swapper)["queued"] == 0,
+               "every abandoned request ended", 60, every=0.2)
     assert chat(swapper.url, "a", timeout=60).status_code == 200
 
 

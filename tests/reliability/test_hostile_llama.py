@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.reliability import hostile
+from tests.support import hostile
 from tests.support.llama import LlamaServer
 from tests.support.proxyproc import ProxyProcess
 from tests.support.rawhttp import send

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.search.searxng import SearxngClient
-from tests.reliability import hostile
+from tests.support import hostile
 from tests.support.chat import Reply, ScriptedChat, search
 from tests.support.proxyproc import ProxyProcess
 from tests.support.rawhttp import send

@@ -14,7 +14,7 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.reliability import hostile
+from tests.support import hostile
 from tests.support.proxyproc import ProxyProcess
 from tests.support.rawhttp import send
 from tests.support.swapperproc import SwapperProcess, stack_containers

@@ -15,6 +15,9 @@ import json
 import os
 import re
 import shutil
+import subprocess
+
+import pytest
 
 from .chat import Reply, call
 
@@ -376,3 +379,34 @@ class Rendering:
                                               "message": f"Jinja Exception: {e}",
                                               "type": "server_error"}})
         return self.responder(body, path)
+
+
+def cli(name: str) -> str:
+    path = tool(agents_bin(), name)
+    if path is None:
+        pytest.fail(f"the {name} CLI is not installed (node + tests/testbed/setup.sh "
+                    f"step_agents; TESTBED_AGENTS_BIN={os.environ.get('TESTBED_AGENTS_BIN')})")
+    return path
+
+
+def run(cmd: list[str], home, env: dict) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "NO_COLOR": "1", **env}
+    p = subprocess.run(cmd, env=env, cwd=home, capture_output=True, text=True, timeout=300,
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, f"{cmd[0]} exited {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return p
+
+
+def codex_home(tmp_path, url: str, extra: str = "") -> str:
+    home = tmp_path / ".codex"
+    home.mkdir()
+    (home / "config.toml").write_text(f"""model = "scripted-model"
+model_provider = "local"
+{extra}
+[model_providers.local]
+name = "coding-stack"
+base_url = "{url}/v1"
+wire_api = "responses"
+env_key = "LOCAL_KEY"
+""")
+    return str(home)

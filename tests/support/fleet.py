@@ -7,7 +7,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import docker
@@ -123,13 +122,3 @@ def chat(router: str, model: str, headers: dict | None = None, timeout: float = 
                          headers={"Authorization": f"Bearer {KEY}", **(headers or {})},
                          json={"model": model, "max_tokens": 2, "temperature": 0,
                                "messages": [{"role": "user", "content": "hi"}], **body})
-
-
-def wait_for(pred, what: str, deadline: float = 30.0, every: float = 0.2):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")

@@ -51,13 +51,18 @@ def wait_http(url: str, deadline_s: float = 30.0, ok=(200,), proc=None) -> reque
     raise TimeoutError(f"{url} not ready after {deadline_s} s: {last}")
 
 
-def wait_until(predicate, what: str, deadline: float = 5.0) -> None:
-    """Poll until predicate() holds; fail naming `what` after `deadline` seconds
-    (a wait for something done in the background, not an assertion on time)."""
+def wait_until(predicate, what: str, deadline: float = 5.0, every: float = 0.01):
+    """Poll predicate() every `every` seconds until it gives a true value, and return
+    that value; fail naming `what` after `deadline` seconds (a wait for something done
+    in the background, not an assertion on time). The tests' one wait helper."""
     end = time.monotonic() + deadline
-    while not predicate():
-        assert time.monotonic() < end, f"{what}: not within {deadline} s"
-        time.sleep(0.01)
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= end:
+            raise AssertionError(f"{what}: not within {deadline} s")
+        time.sleep(every)
 
 
 class ScriptedServer:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -14,6 +16,10 @@ from .process import REPO, ServiceProcess
 from .servers import free_port
 
 FIXTURE_BACKENDS = REPO / "tests" / "fixtures" / "backends"
+# The test bed's variables as the unit tests give them to FIXTURE_BACKENDS (no test bed).
+ENV = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
+       "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
+       "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
 LABEL_STACK = "org.coding-stack.stack"
 _KEYS: dict[str, str] = {}          # stack -> the backends' key of its swappers
 
@@ -78,3 +84,35 @@ class SwapperProcess(ServiceProcess):
     def __exit__(self, *exc):
         self.stop()
         reap(docker.from_env(), self.stack)
+
+
+class InvariantSampler:
+    """Samples Docker in the background: how many of the stack's backend
+    containers run at once (the one-resident invariant)."""
+
+    def __init__(self, client, stack, interval=0.05):
+        self.client, self.stack, self.interval = client, stack, interval
+        self.peak = 0
+        self.samples = 0
+        self.seen_models: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            running = stack_containers(self.client, self.stack, running_only=True)
+            self.samples += 1
+            self.peak = max(self.peak, len(running))
+            for c in running:
+                m = c.labels.get("org.coding-stack.model")
+                if not self.seen_models or self.seen_models[-1] != m:
+                    self.seen_models.append(m)
+            time.sleep(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)

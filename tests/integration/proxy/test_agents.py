@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.support.agents import QUERY, Rendering, agents_bin, searching_model, tool
+from tests.support.agents import QUERY, Rendering, cli, codex_home, run, searching_model
 from tests.support.agents import _last_tool_output, _text
 from tests.support.chat import Reply, call
 from tests.support.metrics import scrape
@@ -46,22 +46,6 @@ def qwen_stack():
                          KEEPALIVE_INTERVAL=0.5) as proxy:
         model.responder = rendering
         yield proxy, model, rendering
-
-
-def cli(name: str) -> str:
-    path = tool(agents_bin(), name)
-    if path is None:
-        pytest.fail(f"the {name} CLI is not installed (node + tests/testbed/setup.sh "
-                    f"step_agents; TESTBED_AGENTS_BIN={os.environ.get('TESTBED_AGENTS_BIN')})")
-    return path
-
-
-def run(cmd: list[str], home, env: dict) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), "NO_COLOR": "1", **env}
-    p = subprocess.run(cmd, env=env, cwd=home, capture_output=True, text=True, timeout=300,
-                       stdin=subprocess.DEVNULL)
-    assert p.returncode == 0, f"{cmd[0]} exited {p.returncode}\n{p.stdout}\n{p.stderr}"
-    return p
 
 
 def test_claude_code_web_search(stack, tmp_path):
@@ -122,21 +106,6 @@ def test_claude_code_bash_call_through_the_qwen_template(qwen_stack, tmp_path):
     assert len(rendering.prompts) == len(model.requests)
     assert tool_results(model), "the Bash call ran and its result came back"
     assert set(model.paths) == {"/v1/messages"}
-
-
-def codex_home(tmp_path, url: str, extra: str = "") -> str:
-    home = tmp_path / ".codex"
-    home.mkdir()
-    (home / "config.toml").write_text(f"""model = "scripted-model"
-model_provider = "local"
-{extra}
-[model_providers.local]
-name = "coding-stack"
-base_url = "{url}/v1"
-wire_api = "responses"
-env_key = "LOCAL_KEY"
-""")
-    return str(home)
 
 
 def test_codex_shell_call_through_the_qwen_template(qwen_stack, tmp_path):
@@ -255,15 +224,12 @@ def swapper_stack():
     from swapper.app import create_app
     from swapper.settings import Settings as SwapperSettings
     from tests.support.fake_runtime import FakeRuntime
-    from tests.support.swapperproc import FIXTURE_BACKENDS
-    env = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
-           "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
-           "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
+    from tests.support.swapperproc import ENV, FIXTURE_BACKENDS
     rendering = Rendering(delegating_model)
     with FakeSearxng() as searx, ScriptedDialects() as model:
         model.responder = rendering
         runtime = FakeRuntime({"tiny-a": model.url})
-        app = create_app(SwapperSettings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=env,
+        app = create_app(SwapperSettings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=ENV,
                                          WATCH_INTERVAL=5), runtime=runtime)
         with ServerThread(app) as swapper, ProxyProcess(
                 BACKEND_URL=swapper.url, SEARXNG_URL=searx.url, MODELS_TTL=0,
@@ -422,17 +388,14 @@ def _codex_behind_the_swapper(tmp_path, model_id: str, slow_start: bool, before=
     from swapper.app import create_app
     from swapper.settings import Settings as SwapperSettings
     from tests.support.fake_runtime import FakeRuntime
-    from tests.support.swapperproc import FIXTURE_BACKENDS
+    from tests.support.swapperproc import ENV, FIXTURE_BACKENDS
 
-    env = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
-           "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
-           "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
     rendering = Rendering()
     runtime_cls = type("Runtime", (_SlowStart, FakeRuntime), {}) if slow_start else FakeRuntime
     with FakeSearxng() as searx, ScriptedDialects() as model:
         model.responder = rendering
         runtime = runtime_cls({model_id: model.url})
-        app = create_app(SwapperSettings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=env,
+        app = create_app(SwapperSettings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=ENV,
                                          WATCH_INTERVAL=5, KEEPALIVE_INTERVAL=0.5),
                          runtime=runtime)
         with ServerThread(app) as swapper, ProxyProcess(

@@ -5,7 +5,8 @@ import json
 import pytest
 import requests
 
-from tests.integration.swapper.test_swapper import running
+from tests.support.servers import wait_until
+from tests.support.swapper_client import running
 
 
 def ask(url, model, n, stream, path="chat", max_tokens=6, **extra):
@@ -112,8 +113,7 @@ def test_a_fan_out_holds_one_place_in_the_queue(swapper, invariant):
     requests.post(swapper.url + "/load/b", timeout=120)
     with ThreadPoolExecutor(2) as pool:
         fan = pool.submit(ask, swapper.url, "tiny-b", 8, False, max_tokens=24, ignore_eos=True)
-        from tests.integration.swapper.test_swapper import wait_for
-        wait_for(lambda: running(swapper)["in_flight"] == 1, 30, "fan-out admitted")
+        wait_until(lambda: running(swapper)["in_flight"] == 1, "fan-out admitted", 30, every=0.2)
         other = pool.submit(ask, swapper.url, "tiny-a", 1, False)
         assert fan.result().status_code == 200
         assert len(fan.result().json()["choices"]) == 8

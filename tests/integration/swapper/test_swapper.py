@@ -8,40 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import docker
 import requests
 
-from tests.support.servers import post_and_abandon
-from tests.support.swapperproc import SwapperProcess, stack_containers
-
-
-def chat(url, model, stream=False, max_tokens=8, timeout=180, **extra):
-    body = {"messages": [{"role": "user", "content": "Say hello."}],
-            "max_tokens": max_tokens, "stream": stream, **extra}
-    if model is not None:
-        body["model"] = model
-    return requests.post(url + "/v1/chat/completions", json=body, stream=stream, timeout=timeout)
-
-
-def running(sw):
-    return requests.get(sw.url + "/running", timeout=10).json()
-
-
-def metric(sw, name, **labels):
-    text = requests.get(sw.url + "/metrics", timeout=10).text
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + ("{" if labels else "")) and want in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-def wait_for(predicate, deadline=60, what="condition", interval=0.2):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"{what} not reached within {deadline} s")
+from tests.support.servers import post_and_abandon, wait_until
+from tests.support.swapper_client import chat, data_until_broken, metric, running
+from tests.support.swapperproc import InvariantSampler, SwapperProcess, stack_containers
 
 
 # ------------------------------------------------------------------ surface
@@ -128,7 +97,7 @@ def test_swap_between_models_keeps_one_resident(swapper, invariant, docker_clien
     def models():                       # b's stopped container is removed after a's load
         return [c.labels["org.coding-stack.model"]
                 for c in stack_containers(docker_client, swapper.stack)]
-    wait_for(lambda: models() == ["tiny-a"], 10, "only tiny-a's container left", 0.05)
+    wait_until(lambda: models() == ["tiny-a"], "only tiny-a's container left", 10, every=0.05)
     assert invariant.seen_models[-3:] == ["tiny-a", "tiny-b", "tiny-a"]
 
 
@@ -147,7 +116,7 @@ def test_unload_frees_everything(swapper, docker_client):
 
 def test_idle_ttl_unloads(swapper, docker_client):
     assert requests.post(swapper.url + "/load/tiny-ttl", timeout=180).status_code == 200
-    wait_for(lambda: running(swapper)["model"] is None, 60, "TTL unload")
+    wait_until(lambda: running(swapper)["model"] is None, "TTL unload", 60, every=0.2)
     assert stack_containers(docker_client, swapper.stack) == []
 
 
@@ -189,19 +158,6 @@ def test_gpu_model_on_a_gpu_less_host_says_so(swapper, docker_client):
     assert stack_containers(docker_client, swapper.stack) == []
 
 
-def data_until_broken(lines) -> list[bytes]:
-    """The `data:` lines of a stream that must end by breaking off (its backend
-    died under it): the transfer breaks after them, it does not end."""
-    got = []
-    try:
-        for line in lines:
-            if line.startswith(b"data: "):
-                got.append(line)
-    except requests.exceptions.ChunkedEncodingError:
-        return got
-    raise AssertionError(f"the stream ended as if whole: {got[-3:]}")
-
-
 def test_crash_is_noticed_and_the_next_request_restarts(swapper, docker_client):
     assert requests.post(swapper.url + "/load/a", timeout=180).status_code == 200
     (c,) = stack_containers(docker_client, swapper.stack)
@@ -214,7 +170,7 @@ def test_crash_is_noticed_and_the_next_request_restarts(swapper, docker_client):
     c.kill()
     tail = data_until_broken(lines)
     assert tail and b'"error"' in tail[-1]
-    wait_for(lambda: running(swapper)["model"] is None, 30, "crash noticed")
+    wait_until(lambda: running(swapper)["model"] is None, "crash noticed", 30, every=0.2)
     assert metric(swapper, "swapper_crashes_total", model="tiny-a") >= 1
     r = chat(swapper.url, "a")
     assert r.status_code == 200, r.text
@@ -227,7 +183,7 @@ def test_a_crash_is_noticed_from_dockers_events_not_by_polling(docker_client):
         assert requests.post(sw.url + "/load/a", timeout=180).status_code == 200
         (c,) = stack_containers(docker_client, sw.stack)
         c.kill()
-        wait_for(lambda: running(sw)["model"] is None, 20, "crash noticed", 0.05)
+        wait_until(lambda: running(sw)["model"] is None, "crash noticed", 20, every=0.05)
         assert metric(sw, "swapper_crashes_total", model="tiny-a") == 1
         assert stack_containers(docker_client, sw.stack) == []
 
@@ -241,7 +197,7 @@ def test_client_disconnect_stops_generation(swapper):
         slots = requests.get(swapper.backend_url + "/slots", timeout=5,
                              headers=swapper.backend_headers).json()
         return all(not s.get("is_processing") for s in slots)
-    wait_for(idle, 30, "backend slot idle after client disconnect")
+    wait_until(idle, "backend slot idle after client disconnect", 30, every=0.2)
     assert running(swapper)["in_flight"] == 0
 
 
@@ -260,11 +216,11 @@ def test_client_disconnect_stops_a_non_streaming_generation(swapper):
         "messages": [{"role": "user", "content": "Say hello."}]})
     # Poll slowly: llama-server checks a non-streaming request's connection only
     # after 1 s with no other result, and every /metrics answer restarts that wait.
-    wait_for(lambda: backend_metric("llamacpp:requests_processing") == 0, 120,
-             "backend idle after the client left", interval=2.5)
+    wait_until(lambda: backend_metric("llamacpp:requests_processing") == 0,
+               "backend idle after the client left", 120, every=2.5)
     predicted = backend_metric("llamacpp:tokens_predicted_total") - before
     assert 0 < predicted < max_tokens, f"{predicted} tokens generated: not cut at the disconnect"
-    wait_for(lambda: running(swapper)["in_flight"] == 0, 10, "slot released")
+    wait_until(lambda: running(swapper)["in_flight"] == 0, "slot released", 10, every=0.2)
 
 
 # ------------------------------------------------------------ queue policy
@@ -273,7 +229,7 @@ def test_queue_full_answers_503_with_retry_after(docker_client):
     with SwapperProcess(MAX_QUEUE="1") as sw:
         with ThreadPoolExecutor(2) as pool:
             first = pool.submit(requests.post, sw.url + "/load/never-ready", timeout=60)
-            wait_for(lambda: running(sw)["state"] == "loading", 10, "loading")
+            wait_until(lambda: running(sw)["state"] == "loading", "loading", 10, every=0.2)
             r = chat(sw.url, "a")
             assert r.status_code == 503
             assert r.headers["Retry-After"].isdigit()
@@ -287,10 +243,11 @@ def test_client_leaving_the_queue_is_forgotten(swapper, docker_client):
     loads_before = metric(swapper, "swapper_loads_total", model="tiny-b")
     with ThreadPoolExecutor(1) as pool:
         blocker = pool.submit(requests.post, swapper.url + "/load/never-ready", timeout=60)
-        wait_for(lambda: running(swapper)["state"] == "loading", 10, "loading")
+        wait_until(lambda: running(swapper)["state"] == "loading", "loading", 10, every=0.2)
         post_and_abandon(swapper.url, "/v1/chat/completions", {      # gives up while queued
             "model": "b", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
-        wait_for(lambda: running(swapper)["queued"] <= 1, 10, "the abandoned request dropped")
+        wait_until(lambda: running(swapper)["queued"] <= 1,
+                   "the abandoned request dropped", 10, every=0.2)
         assert blocker.result().status_code == 504
     time.sleep(1.5)      # give a wrongly kept ticket the chance to start tiny-b
     assert running(swapper)["model"] is None
@@ -301,7 +258,6 @@ def test_many_clients_mixed_models_all_answered_grouped(docker_client):
     """24 clients, two models, random order, all at once: every request is
     answered, Docker never shows two backends, requests are grouped by model
     (two loads in all, not one per alternation)."""
-    from tests.integration.swapper.conftest import InvariantSampler
     rng = random.Random(11)
     models = [rng.choice(["a", "b"]) for _ in range(24)]
     with SwapperProcess() as sw, InvariantSampler(docker_client, sw.stack) as inv:

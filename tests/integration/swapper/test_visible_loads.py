@@ -9,8 +9,9 @@ import openai
 import pytest
 import requests
 
-from tests.integration.swapper.test_swapper import running, wait_for
 from tests.support.proxyproc import ProxyProcess
+from tests.support.servers import wait_until
+from tests.support.swapper_client import running
 from tests.support.swapperproc import SwapperProcess, stack_containers
 
 INTERVAL = 0.5
@@ -117,7 +118,8 @@ def test_a_load_that_fails_mid_wait_ends_the_stream_with_an_error_event(stack, p
     else:
         assert err["error"]["code"] == "load_failed"
         assert "no-such-model" in err["error"]["message"]
-    wait_for(lambda: running(sw)["queued"] == 0 and running(sw)["in_flight"] == 0, 10, "idle")
+    wait_until(lambda: running(sw)["queued"] == 0 and running(sw)["in_flight"] == 0,
+               "idle", 10, every=0.2)
 
 
 def test_status_on_v1_models_and_the_router_api_through_the_proxy(stack):
@@ -134,7 +136,7 @@ def test_status_on_v1_models_and_the_router_api_through_the_proxy(stack):
     with ThreadPoolExecutor(1) as pool:
         loading = pool.submit(requests.post, px.url + "/models/load",
                               json={"model": "slow-start"}, timeout=180)
-        wait_for(lambda: status("slow-start") == "loading", 30, "slow-start loading")
+        wait_until(lambda: status("slow-start") == "loading", "slow-start loading", 30, every=0.2)
         assert status("tiny-b") == "unloaded"
         assert loading.result().status_code == 200
     assert status("slow-start") == "loaded"
@@ -182,11 +184,11 @@ def test_preload_and_idle_model(docker_client):
     """PRELOAD loads at start; IDLE_MODEL comes back when another model's
     idle_ttl ends (tiny-ttl: 2 s)."""
     with SwapperProcess(PRELOAD="b", IDLE_MODEL="tiny-b") as sw:
-        wait_for(lambda: running(sw)["model"] == "tiny-b" and running(sw)["state"] == "ready",
-                 120, "PRELOAD loaded tiny-b")
+        wait_until(lambda: running(sw)["model"] == "tiny-b" and running(sw)["state"] == "ready",
+                   "PRELOAD loaded tiny-b", 120, every=0.2)
         assert requests.post(sw.url + "/load/tiny-ttl", timeout=180).status_code == 200
-        wait_for(lambda: running(sw)["model"] == "tiny-b" and running(sw)["state"] == "ready",
-                 120, "IDLE_MODEL tiny-b back after tiny-ttl's idle TTL")
+        wait_until(lambda: running(sw)["model"] == "tiny-b" and running(sw)["state"] == "ready",
+                   "IDLE_MODEL tiny-b back after tiny-ttl's idle TTL", 120, every=0.2)
         time.sleep(3)                       # the resting model is never expired itself
         assert running(sw)["model"] == "tiny-b"
         (c,) = stack_containers(docker_client, sw.stack)
@@ -247,7 +249,7 @@ def test_a_load_done_before_gives_the_next_one_an_eta_and_requests_their_wait(st
             pass                                  # closed at the end
     import threading
     threading.Thread(target=follow, daemon=True).start()
-    wait_for(lambda: events, 10, "the first event")
+    wait_until(lambda: events, "the first event", 10, every=0.2)
     r = requests.post(px.url + "/v1/chat/completions", stream=True, timeout=120, json={
         "model": "slow-start", "stream": True, "messages": [{"role": "user", "content": "Hi"}]})
     body = r.content

@@ -14,9 +14,9 @@ import openai
 import pytest
 import requests
 
-from tests.integration.swapper.conftest import InvariantSampler
-from tests.integration.swapper.test_swapper import running
 from tests.support.proxyproc import ProxyProcess
+from tests.support.swapper_client import running
+from tests.support.swapperproc import InvariantSampler
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,7 @@ from swapper.settings import Settings as SwapperSettings
 from tests.support.chat import Reply, ScriptedChat
 from tests.support.fake_runtime import FakeRuntime
 from tests.support.servers import ServerThread, wait_until
-from tests.support.swapperproc import FIXTURE_BACKENDS
-
-ENV = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
-       "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
-       "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
+from tests.support.swapperproc import ENV, FIXTURE_BACKENDS
 
 
 class GatedRuntime(FakeRuntime):

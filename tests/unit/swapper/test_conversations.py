@@ -14,7 +14,7 @@ import requests
 from swapper.conversations import Book, conversation_of, replay_body
 from swapper.swaps import Ledger
 from tests.support.fake_runtime import FakeSlotServer
-from tests.unit.swapper.test_kvcache import files, make, sample, spec, turn
+from tests.support.kvcache import files, make, sample, spec, turn
 
 ARGS1 = ("-m", "/models/m.gguf", "-c", "8192", "-t", "1")
 SYSTEM = "You are a coding agent. " * 20

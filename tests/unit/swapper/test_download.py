@@ -15,11 +15,8 @@ from swapper.app import create_app
 from swapper.settings import Settings
 from tests.support.chat import Reply, ScriptedChat
 from tests.support.fake_runtime import FakeHub, FakeRuntime
-from tests.support.swapperproc import FIXTURE_BACKENDS
+from tests.support.swapperproc import ENV, FIXTURE_BACKENDS
 
-ENV = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
-       "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
-       "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
 DATA = bytes(range(256)) * (4 * 4096)          # 4 MiB
 MANIFEST = """
 [tiny-a]

@@ -7,7 +7,7 @@ import pytest
 
 from swapper.loadtimes import LoadTimes
 from swapper.scheduler import FIFO, LOADING, READY, STOPPING, LoadFailed, Scheduler, SwapPolicy
-from tests.unit.swapper.test_scheduler import Clock, step
+from tests.support.scheduler import Clock, step
 
 
 def make(clock, policy=None, slots=None, loads=None):

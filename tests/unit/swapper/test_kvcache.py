@@ -9,67 +9,16 @@ backend that dies on a restore is started again without it."""
 import dataclasses
 import json
 import os
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from swapper import kvcache
-from swapper.driver import Driver
-from swapper.metrics import SwapperMetrics
-from swapper.registry import ModelSpec, Registry, RegistryError
+from swapper.registry import Registry, RegistryError
 from swapper.runtime import DockerRuntime
-from swapper.scheduler import Scheduler
 from swapper.settings import Settings
-from tests.support.fake_runtime import FakeRuntime, FakeSlotServer
-
-def sample(registry, name, **labels):
-    return registry.get_sample_value(name, labels)
-
-
-ARGS = ("-m", "/models/m.gguf", "-c", "2048", "--parallel", "2", "-t", "1")
-
-
-def spec(model_id, idle_ttl=0.0, args=ARGS, kv=True, slots=2):
-    return ModelSpec(id=model_id, kind="llamacpp", image="llama:1", port=8080,
-                     health_path="/health", start_timeout=10, slots=slots, source="test",
-                     idle_ttl=idle_ttl, args=args, kv_cache=kv)
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
-
-
-def inline(fn, *args):
-    fn(*args)
-    return SimpleNamespace(join=lambda: None)
-
-
-def make(tmp_path, servers, models=None, **settings):
-    clock = Clock()
-    models = models or {m.id: m for m in (spec("a"), spec("b"), spec("ttl", idle_ttl=30))}
-    sched = Scheduler(lambda m: models[m].slots, clock=clock)
-    runtime = FakeRuntime({m: s.url for m, s in servers.items()})
-    s = Settings(KV_CACHE_DIR=str(tmp_path), **settings)
-    metrics = SwapperMetrics()
-    events = []
-    sched.subscribe(lambda e, f: events.append((e, f)))
-    driver = Driver(sched, runtime, SimpleNamespace(models=models), s, metrics,
-                    sleep=clock.sleep, clock=clock, spawn=inline)
-    return SimpleNamespace(sched=sched, runtime=runtime, driver=driver, clock=clock,
-                           metrics=metrics, events=events, root=tmp_path, models=models)
-
-
-def turn(w, n=1):
-    for _ in range(n):
-        w.driver.step(timeout=0)
+from tests.support.fake_runtime import FakeSlotServer
+from tests.support.kvcache import files, make, sample, spec, turn
 
 
 @pytest.fixture
@@ -97,10 +46,6 @@ def fresh(server):
     for i in server.prompts:
         server.prompts[i] = 0
     server.restored.clear()
-
-
-def files(folder: Path):
-    return sorted(p.name for p in folder.iterdir())
 
 
 @pytest.fixture

@@ -4,45 +4,19 @@ exactly once, whatever ends it (answer read, body never read, broken stream,
 failure before the answer, fan-out member); a request that never reached its
 backend is sent again, never failed."""
 import json
-import time
 
 import pytest
 
-from swapper.app import create_app
-from swapper.settings import Settings
 from tests.support.chat import Reply, ScriptedChat
 from tests.support.fake_runtime import FakeRuntime
 from tests.support.servers import Relay
-from tests.support.swapperproc import FIXTURE_BACKENDS
-
-ENV = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
-       "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
-       "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
-
-
-def settled(app, timeout=5.0) -> dict:
-    """The scheduler's snapshot once nothing is in flight (or the last one)."""
-    sched = app.extensions["swapper"].scheduler
-    end = time.monotonic() + timeout
-    while True:
-        snap = sched.snapshot()
-        if snap["in_flight"] == 0 and snap["queued"] == 0 or time.monotonic() > end:
-            return snap
-        time.sleep(0.01)
+from tests.support.swapper_app import ask, make_app, settled
 
 
 @pytest.fixture
 def chat():
     with ScriptedChat() as c:
         yield c
-
-
-def make_app(urls: dict, runtime: FakeRuntime | None = None):
-    runtime = runtime or FakeRuntime(urls)
-    settings = Settings(BACKENDS_DIR=str(FIXTURE_BACKENDS), env=ENV, WATCH_INTERVAL=0.05,
-                        CRASH_BACKOFF=0.01)
-    app = create_app(settings, runtime=runtime)
-    return app, runtime
 
 
 def broken_stream(client, **extra) -> bytes:
@@ -59,12 +33,6 @@ def broken_stream(client, **extra) -> bytes:
             got.append(piece)
     r.close()
     return b"".join(got)
-
-
-def ask(client, model="tiny-b", stream=False, **extra):
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
-    body.update(extra)
-    return client.post("/v1/chat/completions", json=body, buffered=True)
 
 
 def test_answer_read_to_the_end_frees_the_slot(chat):

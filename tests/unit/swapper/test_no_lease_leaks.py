@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from tests.support.chat import Reply, ScriptedChat
-from tests.unit.swapper.test_lease_forward import ask, make_app, settled
+from tests.support.swapper_app import ask, make_app, settled
 
 
 class Odd(Exception):

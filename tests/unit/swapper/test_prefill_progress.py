@@ -12,11 +12,7 @@ from swapper.app import create_app
 from swapper.settings import Settings
 from tests.support.fake_runtime import FakeRuntime
 from tests.support.servers import Scripted
-from tests.support.swapperproc import FIXTURE_BACKENDS
-
-ENV = {"TESTBED_BASE_IMAGE": "base", "TESTBED_LLAMACPP_IMAGE": "llama",
-       "TESTBED_MODELS_DIR": "/models", "TESTBED_MODEL_FILE": "m.gguf",
-       "TESTBED_VLLM_IMAGE": "vllm", "TESTBED_VLLM_MODEL_NAME": "m"}
+from tests.support.swapperproc import ENV, FIXTURE_BACKENDS
 
 HEAD = '"created":1796216205,"id":"chatcmpl-u8B","model":"tiny-b","system_fingerprint":"b0-unknown","object":"chat.completion.chunk"'
 ROLE = '{"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}],' + HEAD

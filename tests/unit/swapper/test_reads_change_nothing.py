@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.support.servers import Scripted
-from tests.unit.swapper.test_lease_forward import make_app, settled
+from tests.support.swapper_app import make_app, settled
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 

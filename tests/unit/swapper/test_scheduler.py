@@ -6,32 +6,13 @@ import pytest
 
 from swapper.scheduler import (IDLE, LOADING, READY, STOPPING, Cancelled, LoadFailed,
                                QueueFull, Scheduler)
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
+from tests.support.scheduler import Clock, step
 
 
 def make(slots=None, max_queue=64, clock=None):
     slots = slots or {}
     return Scheduler(lambda m: slots.get(m, 1), max_queue=max_queue,
                      backoff_base=1.0, backoff_max=8.0, clock=clock or Clock())
-
-
-def step(s: Scheduler, fail: str | None = None):
-    """Perform the pending action the way the driver would; return it."""
-    a = s.next_action(timeout=0)
-    assert a is not None, "expected an action"
-    if a.kind == "load":
-        s.load_done(a.epoch, backend=f"backend-{a.model}",
-                    error=LoadFailed(fail) if fail else None)
-    else:
-        s.stop_done()
-    return a
 
 
 def admitted(*tickets):

@@ -17,7 +17,7 @@ import yaml
 from swapper.registry import Registry, RegistryError, interpolate
 from tests.support.seed_names import SEED_NAMES
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BACKENDS = REPO / "backends"
 MANIFEST = REPO / "scripts" / "models.toml"
 GPU_MODELS = ("qwen-38-27b", "qwen-35b", "qwen-122b", "foundation")
