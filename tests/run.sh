@@ -3,10 +3,32 @@
 # run pytest with the test bed's variables. Extra arguments go to pytest:
 #   tests/run.sh                       everything
 #   tests/run.sh tests/unit -q         a part
+# A selection made only of paths under tests/unit needs no Docker test bed: only
+# the test venv is laid then (issue 34, part 6).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
-bash tests/testbed/setup.sh
-# shellcheck disable=SC1091
-source tests/testbed/testbed.env
+
+# Unit-only when at least one argument names an existing path and every such path
+# lies under tests/unit (an option's value that is no path, -k/-m, is ignored).
+unit_only=0
+for a in "$@"; do
+  p="${a%%::*}"
+  case "$a" in -*) continue ;; esac
+  [ -e "$p" ] || continue
+  case "$(realpath -m "$p")/" in
+    "$repo/tests/unit/"*) unit_only=1 ;;
+    *) unit_only=0; break ;;
+  esac
+done
+
+if [ "$unit_only" = 1 ]; then
+  bash tests/testbed/setup.sh venv
+else
+  bash tests/testbed/setup.sh
+fi
+if [ "$unit_only" = 0 ] || [ -f tests/testbed/testbed.env ]; then
+  # shellcheck disable=SC1091
+  source tests/testbed/testbed.env
+fi
 exec .venv/bin/python -m pytest "$@"

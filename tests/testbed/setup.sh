@@ -277,4 +277,7 @@ main() {
 }
 
 # Sourced (tests/unit/test_testbed_keys.py computes the keys): define, do not run.
-if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; fi
+# `setup.sh venv` lays only the test venv (tests/run.sh, for unit tests alone).
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  if [ "${1:-}" = venv ]; then step_venv; else main "$@"; fi
+fi
