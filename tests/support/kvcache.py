@@ -11,6 +11,7 @@ from swapper.scheduler import Scheduler
 from swapper.settings import Settings
 
 from .fake_runtime import FakeRuntime
+from tests.support.clock import Clock
 
 
 def sample(registry, name, **labels):
@@ -26,24 +27,13 @@ def spec(model_id, idle_ttl=0.0, args=ARGS, kv=True, slots=2):
                      idle_ttl=idle_ttl, args=args, kv_cache=kv)
 
 
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
-
-
 def inline(fn, *args):
     fn(*args)
     return SimpleNamespace(join=lambda: None)
 
 
 def make(tmp_path, servers, models=None, **settings):
-    clock = Clock()
+    clock = Clock(100.0)
     models = models or {m.id: m for m in (spec("a"), spec("b"), spec("ttl", idle_ttl=30))}
     sched = Scheduler(lambda m: models[m].slots, clock=clock)
     runtime = FakeRuntime({m: s.url for m, s in servers.items()})

@@ -3,14 +3,6 @@ performed the way the driver would."""
 from swapper.scheduler import LoadFailed, Scheduler
 
 
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
 def step(s: Scheduler, fail: str | None = None):
     """Perform the pending action the way the driver would; return it."""
     a = s.next_action(timeout=0)

@@ -5,6 +5,7 @@ import os
 from common import metrics as common
 from swapper.metrics import SwapperMetrics
 from tests.support.metrics import Scrape, record_labels
+from tests.support.clock import Clock
 
 
 def _unset(monkeypatch):
@@ -46,20 +47,12 @@ def test_bounded_label():
         ["a", "b", "other", "a", "other"]
 
 
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
 def _scrape(m: SwapperMetrics) -> Scrape:
     return Scrape(common.exposition(m.collectors).decode())
 
 
 def test_swap_is_a_stop_followed_at_once_by_a_load_of_another_model():
-    clock = Clock()
+    clock = Clock(100.0)
     m = SwapperMetrics(clock=clock)
     m.load_done("a", 5.0, ok=True)                 # first load: no swap
     clock.now = 200.0
@@ -75,7 +68,7 @@ def test_swap_is_a_stop_followed_at_once_by_a_load_of_another_model():
 
 
 def test_not_swaps():
-    clock = Clock()
+    clock = Clock(100.0)
     m = SwapperMetrics(clock=clock)
     m.unloaded("a", 1.0)                           # crash restart: the same model again
     clock.now += 3

@@ -15,6 +15,7 @@ from swapper.conversations import Book, conversation_of, replay_body
 from swapper.swaps import Ledger
 from tests.support.fake_runtime import FakeSlotServer
 from tests.support.kvcache import files, make, sample, spec, turn
+from tests.support.clock import Clock
 
 ARGS1 = ("-m", "/models/m.gguf", "-c", "8192", "-t", "1")
 SYSTEM = "You are a coding agent. " * 20
@@ -270,14 +271,6 @@ def test_a_restore_moves_all_but_the_last_to_the_ram_cache(one):
 
 
 # ------------------------------------------------------------- the ledger
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_the_ledger_prices_each_phase_and_the_serving_share():
     clock, events = Clock(), []
     ledger = Ledger(emit=lambda e, **f: events.append((e, f)), clock=clock, wall=clock)

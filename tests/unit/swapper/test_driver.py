@@ -18,6 +18,7 @@ from swapper.scheduler import IDLE, LOADING, READY, STOPPING, LoadFailed, Schedu
 from swapper.settings import Settings
 from tests.support.fake_runtime import FakeRuntime
 from tests.support.servers import wait_until
+from tests.support.clock import Clock
 
 
 def spec(model_id: str, slots: int = 1, idle_ttl: float = 0.0) -> ModelSpec:
@@ -25,24 +26,9 @@ def spec(model_id: str, slots: int = 1, idle_ttl: float = 0.0) -> ModelSpec:
                      start_timeout=10, slots=slots, source="test", idle_ttl=idle_ttl)
 
 
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.slept.append(seconds)
-        self.now += seconds
-
-    slept: list
-
-
 @pytest.fixture
 def world():
-    clock = Clock()
-    clock.slept = []
+    clock = Clock(100.0)
     models = {m.id: m for m in (spec("a"), spec("b", slots=2), spec("ttl", idle_ttl=30))}
     sched = Scheduler(lambda m: models[m].slots, backoff_base=1.0, backoff_max=8.0, clock=clock)
     runtime = FakeRuntime()

@@ -7,7 +7,8 @@ import pytest
 
 from swapper.loadtimes import LoadTimes
 from swapper.scheduler import FIFO, LOADING, READY, STOPPING, LoadFailed, Scheduler, SwapPolicy
-from tests.support.scheduler import Clock, step
+from tests.support.clock import Clock
+from tests.support.scheduler import step
 
 
 def make(clock, policy=None, slots=None, loads=None):

@@ -7,14 +7,7 @@ from swapper.lease import waiting_for
 from swapper.loadtimes import HISTORY, LoadTimes
 from swapper.scheduler import LoadFailed, Scheduler
 from swapper.settings import Settings
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
+from tests.support.clock import Clock
 
 
 def make(tmp_path=None):

@@ -8,14 +8,7 @@ import pytest
 
 from swapper.policy import FIFO, HOLD, Fifo, Gaps, Hold, Stint, SwapPolicy
 from swapper.tickets import Ticket
-
-
-class Clock:
-    def __init__(self, now=1000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
+from tests.support.clock import Clock
 
 
 SETTINGS = SwapPolicy(hold=10.0, first_hold=3.0, quantum_factor=3.0, quantum_min=5.0,

@@ -6,7 +6,8 @@ import pytest
 
 from swapper.scheduler import (IDLE, LOADING, READY, STOPPING, Cancelled, LoadFailed,
                                QueueFull, Scheduler)
-from tests.support.scheduler import Clock, step
+from tests.support.clock import Clock
+from tests.support.scheduler import step
 
 
 def make(slots=None, max_queue=64, clock=None):
