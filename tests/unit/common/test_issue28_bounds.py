@@ -21,7 +21,6 @@ from common.disconnect import client_gone
 from common.errors import ApiError
 from proxy.activity import Activity
 from proxy.metrics import Metrics
-from proxy.record import Record
 from proxy.search.results import Sources
 from proxy.search.searxng import SearchOutcome
 from tests.support.servers import Scripted
@@ -124,10 +123,9 @@ def test_a_records_model_name_is_cut():
     with app.test_request_context("/v1/chat/completions", method="POST",
                                   json={"model": name, "messages": []}):
         request.get_data()
-        rec = Record("/v1/chat/completions", Activity.dialect("/v1/chat/completions"),
-                     request.method, time.perf_counter())
-        rec.model = name
-        resp = metrics.observe(Response(b"{}", mimetype="application/json"), rec)
+        ring.begin(request.environ, "/v1/chat/completions")
+        resp = metrics.observe(Response(b"{}", mimetype="application/json"), request,
+                               time.perf_counter(), name)
         resp.close()
     rec = ring.since(0)[0][0]
     assert len(rec["model"]) <= NAME_CHARS
