@@ -15,6 +15,8 @@ import pytest
 # The helpers' and shared fixtures' asserts explain themselves as a test's do.
 pytest.register_assert_rewrite("tests.support")
 
+from tests.support.process import ServiceProcess  # noqa: E402  (after the rewrite hook)
+
 LEVELS = ("unit", "integration", "reliability", "e2e")
 AREAS = {
     "proxy": ("proxy",),
@@ -36,3 +38,19 @@ def pytest_collection_modifyitems(items):
         for area, words in AREAS.items():
             if any(w in path for w in words):
                 item.add_marker(getattr(pytest.mark, area))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report ends with the last lines of every service process
+    (proxy, swapper, llama-server) still running: what CI prints is enough to
+    tell a race from a bug."""
+    report = yield
+    if report.failed:
+        for proc in list(ServiceProcess.running):
+            try:
+                tail = proc.logs()[-3000:]
+            except OSError as e:
+                tail = f"(log unreadable: {e})"
+            report.sections.append((f"{proc.name} log (end) {proc.url}", tail))
+    return report

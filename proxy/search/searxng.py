@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import requests
 import urllib3
 from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 log = logging.getLogger("proxy.search")
 
@@ -48,11 +49,21 @@ class SearchOutcome:
 
 
 # The connections the current thread (greenlet, under gevent) opened or used in
-# this search: what the search's deadline cuts.
+# this search (what the search's deadline cuts), and that deadline's event.
 _local = threading.local()
+
+# A search is a GET: a connection that drops before its answer (a pooled keep-alive
+# connection SearXNG closed as it was reused, a server restarting) is tried once
+# more on a new one, within the same deadline. No retry on an HTTP status.
+ONE_RETRY = Retry(total=1, connect=1, read=1, status=0, other=0, redirect=0,
+                  allowed_methods=frozenset({"GET"}), raise_on_status=False)
 
 
 def _track(conn) -> None:
+    expired = getattr(_local, "expired", None)
+    if expired is not None and expired.is_set():
+        # a retry after the deadline cut the search: no new attempt
+        raise urllib3.exceptions.ProtocolError("the search's deadline has passed")
     conns = getattr(_local, "conns", None)
     if conns is not None:
         conns.append(conn)
@@ -87,7 +98,7 @@ class SearxngClient:
         s = requests.Session()
         s.trust_env = False
         s.headers.update(BROWSER_HEADERS)
-        adapter = HTTPAdapter(pool_maxsize=pool_size, max_retries=0)
+        adapter = HTTPAdapter(pool_maxsize=pool_size, max_retries=ONE_RETRY)
         pm = adapter.poolmanager
         pm.pool_classes_by_scheme = {"http": _Pool, "https": _SPool}
         s.mount("http://", adapter)
@@ -113,13 +124,13 @@ class SearxngClient:
 
         timer = threading.Timer(self.timeout, cut)
         timer.daemon = True
-        _local.conns = conns
+        _local.conns, _local.expired = conns, expired
         timer.start()
         try:
             return self._search(query, expired)
         finally:
             timer.cancel()
-            _local.conns = None
+            _local.conns = _local.expired = None
 
     def _search(self, query: str, expired: threading.Event) -> SearchOutcome:
         url = self.base_url + "/search"

@@ -22,6 +22,7 @@ from tests.support.chat import Reply, ScriptedChat, search
 from tests.support.proxyproc import ProxyProcess
 from tests.support.rawhttp import send
 from tests.support.searxng import FakeSearxng
+from tests.support.servers import Scripted
 
 LIMIT = 65536          # the proxy's MAX_BODY_BYTES here
 BODY_TIMEOUT = 3.0     # its BODY_TIMEOUT
@@ -348,6 +349,34 @@ def test_a_search_within_its_timeout_still_succeeds():
     finally:
         srv.close()
     assert out.ok and out.answers == ["forty-two"], out
+
+
+def _searxng_answer(body: bytes) -> bytes:
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)) + body
+
+
+def test_a_connection_dropped_before_the_answer_is_tried_once_more():
+    """SearXNG hangs up on the first connection without answering (a pooled
+    keep-alive connection it closed, a restart): the search is the second
+    connection's answer, not "unreachable"."""
+    srv = Scripted(None, _searxng_answer(b'{"answers": ["forty-two"]}'))
+    try:
+        out = SearxngClient(srv.url, timeout=10.0).search("q")
+    finally:
+        srv.close()
+    assert out.ok and out.answers == ["forty-two"], out
+    assert srv.connections == 2
+
+
+def test_a_searxng_that_keeps_hanging_up_is_unreachable_after_one_retry():
+    srv = Scripted(None, None, None, _searxng_answer(b'{"answers": ["late"]}'))
+    try:
+        out = SearxngClient(srv.url, timeout=10.0).search("q")
+    finally:
+        srv.close()
+    assert not out.ok and out.kind == "unreachable", out
+    assert srv.connections == 2
 
 
 # ------------------------------------------------------------------- properties

@@ -17,6 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class ServiceProcess:
+    """`running` holds the ones started and not yet stopped: a failed test's report
+    carries the end of each one's log (tests/conftest.py)."""
+    running: list["ServiceProcess"] = []
     name = "service"
     health_path = "/healthz"
     ready_timeout = 30.0
@@ -39,6 +42,7 @@ class ServiceProcess:
         # Its own process group: kill(kill=True) takes the workers down with it.
         self.proc = subprocess.Popen(self.command(), cwd=REPO, env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
+        ServiceProcess.running.append(self)
         try:
             wait_http(self.url + self.health_path, self.ready_timeout, ok=self.ready_statuses,
                       proc=self.proc)
@@ -51,6 +55,8 @@ class ServiceProcess:
         return Path(self.log.name).read_text()
 
     def stop(self, kill: bool = False, timeout: float = 30):
+        if self in ServiceProcess.running:
+            ServiceProcess.running.remove(self)
         if self.proc is None or self.proc.poll() is not None:
             return
         if kill:
