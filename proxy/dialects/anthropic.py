@@ -124,7 +124,7 @@ def turn_of(blocks: list[dict], stop_reason=None, usage=None) -> Turn:
             t.args(i, json.dumps(b.get("input") or {}))
     t.finish = stop_reason
     if isinstance(usage, dict):
-        t.usage(usage.get("input_tokens"), usage.get("output_tokens"))
+        t.usage(usage.get("output_tokens"))
     return t
 
 

@@ -247,7 +247,7 @@ def turn_of(items: list[dict], status=None, usage=None) -> Turn:
             t.args(i, it.get("arguments") or "")
     t.finish = status
     if isinstance(usage, dict):
-        t.usage(usage.get("input_tokens"), usage.get("output_tokens"))
+        t.usage(usage.get("output_tokens"))
     return t
 
 
