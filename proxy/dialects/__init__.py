@@ -66,7 +66,7 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     request.environ[MODEL] = model                   # for the metrics: no second parse
     info = _Lazy(lambda: catalog.lookup(model))
     changed = d.progress.strip(body)        # our wait's progress: never the model's
-    changed |= agents.fix(d.name, body, info())
+    changed |= agents.fix(d, body, info())
     # tools the backend cannot see as they came (Codex's namespaces): plain ones
     names = d.flatten(body)
     changed |= bool(names)
