@@ -27,7 +27,7 @@ POST = frozenset({"POST"})
 @dataclass(frozen=True)
 class Wire:
     """One dialect's wire facts."""
-    name: str                       # agents.fix's, the activity list's name for it
+    name: str                       # the activity list's and the route's name for it
     paths: tuple[str, ...]          # the proxy's routes: the first is the backend's,
     #                                 the others aliases of it (an SDK's base URL quirk)
     usage: Callable[[dict], tuple[int | None, int | None]]   # (prompt, completion) tokens

@@ -2,7 +2,9 @@
 prompt's prefix kept byte-stable turn to turn (the backend's prompt cache is an agent's
 speed: a miss re-processes the whole ~20k-token conversation).
 
-`fix(dialect, body, info)` runs on the parsed request before the proxy's own changes:
+`fix(dialect, body, info)` runs on the parsed request before the proxy's own changes,
+with what the request's dialect declares it takes (its Dialect's `agent_fix`: `fix_chat`,
+`fix_messages` or `fix_responses` below; proxy/dialects/base.py):
 
 - Leading system/developer messages become one (joined with "\\n\\n"): they never change
   within a session, so the prefix stays put. Codex opens `input` with two `developer`
@@ -48,20 +50,14 @@ _BILLING = "x-anthropic-billing-header:"
 _BILLING_RE = re.compile(r"x-anthropic-billing-header:(?:[ \t]*[A-Za-z0-9_.-]+=[^;\n]*;)*[ \t]*\n?")
 
 
-def fix(dialect: str, body: dict, info: dict) -> bool:
+def fix(dialect, body: dict, info: dict) -> bool:
     """Make `body` (changed in place) acceptable to the model's template with a stable
-    prefix; True when it changed. `dialect`: "chat", "messages" or "responses"; `info`:
-    the model's /v1/models entry (may be {}). An ordinary request costs one pass over
-    its message roles, no copy."""
+    prefix; True when it changed. `dialect`: the request's (proxy/dialects/base.Dialect),
+    its declared `agent_fix` the changes its shape takes; `info`: the model's /v1/models
+    entry (may be {}). An ordinary request costs one pass over its message roles, no
+    copy."""
     mode = (info.get("late_system") if info else None) or "convert"
-    if dialect == "chat":
-        changed = _chat(body, mode)
-    elif dialect == "messages":
-        changed = _anthropic(body, mode)
-    elif dialect == "responses":
-        changed = _responses(body, mode)
-    else:
-        return False
+    changed = dialect.agent_fix(body, mode)
     if info and info.get("preserve_reasoning"):
         changed = _preserve_reasoning(body) or changed
     return changed
@@ -112,7 +108,7 @@ def _as_content(text: str, like, part: str):
 
 # --------------------------------------------------------------------------- chat
 
-def _chat(body: dict, mode: str) -> bool:
+def fix_chat(body: dict, mode: str) -> bool:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or len(msgs) < 2:
         return False
@@ -172,7 +168,7 @@ def _convert_late(msgs: list, start: int, mode: str, part: str, plain_user) -> b
 
 # ------------------------------------------------------------- Anthropic Messages
 
-def _anthropic(body: dict, mode: str) -> bool:
+def fix_messages(body: dict, mode: str) -> bool:
     changed = _drop_billing_header(body)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
@@ -240,7 +236,7 @@ def _lift_leading_system(body: dict, msgs: list) -> bool:
 
 # ---------------------------------------------------------------- OpenAI Responses
 
-def _responses(body: dict, mode: str) -> bool:
+def fix_responses(body: dict, mode: str) -> bool:
     items = body.get("input")
     if not isinstance(items, list) or not items:
         return False

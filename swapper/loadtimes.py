@@ -78,10 +78,6 @@ class LoadTimes:
         return {} if eta is None else {"expected_seconds": self.expected(model),
                                        "eta_seconds": eta}
 
-    def of(self, model: str) -> list[float]:
-        with self._lock:
-            return list(self._seconds.get(model, []))
-
     # ------------------------------------------------------------ the file
     def _read(self) -> None:
         try:

@@ -20,7 +20,6 @@ import threading
 import time
 from typing import Callable
 
-PHASES = ("stop", "save", "start", "healthy", "restore")
 HOUR = 3600.0
 KEEP = 20                     # swaps kept for /running and the console
 

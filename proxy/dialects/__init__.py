@@ -33,6 +33,7 @@ from common.errors import ApiError
 from common.failures import message_of
 from common.streaming import forward_headers, relay, sse_response
 
+from .. import agents
 from .. import normalize, progress
 from ..metrics import MODEL
 from ..search import rounds
@@ -40,14 +41,6 @@ from ..search.engine import TOOL_NAME
 
 from ..upstream import Background, kept_alive, streamed, waited
 from .base import Dialect
-
-try:
-    from .. import agents
-except ModuleNotFoundError as e:        # not written yet: no agent fixes
-    if e.name != "proxy.agents":
-        raise
-    agents = None
-
 
 
 def _declared() -> tuple[Dialect, ...]:
@@ -73,7 +66,7 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     request.environ[MODEL] = model                   # for the metrics: no second parse
     info = _Lazy(lambda: catalog.lookup(model))
     changed = d.progress.strip(body)        # our wait's progress: never the model's
-    changed |= bool(agents and agents.fix(d.name, body, info()))
+    changed |= agents.fix(d, body, info())
     # tools the backend cannot see as they came (Codex's namespaces): plain ones
     names = d.flatten(body)
     changed |= bool(names)
@@ -202,7 +195,7 @@ def backend_error(status: int, raw: bytes) -> tuple[int, bytes]:
     """A backend's error answer as the client gets it: one an agent can act on
     (agents.backend_error: template exceptions, prompts over the context) is a
     400 saying what to do; any other as it came."""
-    mapped = agents.backend_error(status, raw) if agents and status >= 400 else None
+    mapped = agents.backend_error(status, raw) if status >= 400 else None
     return mapped if mapped is not None else (status, raw)
 
 

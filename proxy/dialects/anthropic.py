@@ -26,7 +26,7 @@ from common.errors import ApiError, anthropic_error
 from ..search import engine
 from ..search.engine import Search, Turn, cited, new_id
 
-from .. import progress
+from .. import agents, progress
 from .base import (TOOL_NAME, Adapter, Dialect, event, parse_json_object, put_system,
                    server_search)
 
@@ -124,7 +124,7 @@ def turn_of(blocks: list[dict], stop_reason=None, usage=None) -> Turn:
             t.args(i, json.dumps(b.get("input") or {}))
     t.finish = stop_reason
     if isinstance(usage, dict):
-        t.usage(usage.get("input_tokens"), usage.get("output_tokens"))
+        t.usage(usage.get("output_tokens"))
     return t
 
 
@@ -664,4 +664,4 @@ def _ours(block) -> bool:
 DIALECT = Dialect(MESSAGES, parse=parse, system_prompt=system_prompt, search_tool=search_tool,
                   floor_keys=FLOOR_KEYS, straight_stream=straight_stream,
                   straight_whole=straight_whole, stream_error=stream_error,
-                  adapter=MessagesAdapter, progress=Progress)
+                  adapter=MessagesAdapter, progress=Progress, agent_fix=agents.fix_messages)

@@ -38,6 +38,10 @@ def no_flattening(body: dict) -> dict:
     return {}
 
 
+def no_agent_fix(body: dict, late_system: str) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Dialect:
     """One client dialect, declared whole: what the wire knows of it (its routes,
@@ -59,10 +63,13 @@ class Dialect:
     # tools the backend cannot see as they came, made plain in place:
     # {backend name: (namespace, name)} of those it changed
     flatten: Callable[[dict], dict] = no_flattening
+    # what coding agents send made acceptable to the model's template, in place
+    # (proxy/agents.py, whose fix() runs it): (body, late_system mode) -> changed
+    agent_fix: Callable[[dict, str], bool] = no_agent_fix
 
     @property
     def name(self) -> str:
-        """agents.fix's and the activity list's name for it."""
+        """The activity list's and the route's name for it."""
         return self.wire.name
 
     @property

@@ -19,7 +19,7 @@ from common import guard, sse
 from common.dialects import CHAT
 from common.errors import ApiError, error_body
 
-from .. import normalize, progress
+from .. import agents, normalize, progress
 from ..search.engine import TOOL_DESCRIPTION, TOOL_PARAMETERS, Turn
 from ..search.rounds import backend_error
 from .base import TOOL_NAME, Adapter, Dialect
@@ -519,4 +519,4 @@ class Progress(progress.Progress):
 DIALECT = Dialect(CHAT, parse=parse, system_prompt=system_prompt, search_tool=search_tool,
                   floor_keys=FLOOR_KEYS, straight_stream=straight_stream,
                   straight_whole=straight_whole, stream_error=stream_error,
-                  adapter=ChatAdapter, progress=Progress)
+                  adapter=ChatAdapter, progress=Progress, agent_fix=agents.fix_chat)

@@ -23,7 +23,7 @@ from common import sse
 from common.dialects import RESPONSES
 from common.errors import ApiError
 
-from .. import progress
+from .. import agents, progress
 from ..search import engine
 from ..search.engine import Search, Turn, new_id
 from .base import (TOOL_NAME, Adapter, Dialect, event, parse_json_object, put_system,
@@ -247,7 +247,7 @@ def turn_of(items: list[dict], status=None, usage=None) -> Turn:
             t.args(i, it.get("arguments") or "")
     t.finish = status
     if isinstance(usage, dict):
-        t.usage(usage.get("input_tokens"), usage.get("output_tokens"))
+        t.usage(usage.get("output_tokens"))
     return t
 
 
@@ -647,4 +647,5 @@ _LIFECYCLE = re.compile(rb'"response\.(?:created|queued|in_progress|completed|fa
 DIALECT = Dialect(RESPONSES, parse=parse, system_prompt=system_prompt, search_tool=search_tool,
                   floor_keys=FLOOR_KEYS, straight_stream=straight_stream,
                   straight_whole=straight_whole, stream_error=stream_error,
-                  adapter=ResponsesAdapter, progress=Progress, flatten=flatten)
+                  adapter=ResponsesAdapter, progress=Progress, flatten=flatten,
+                  agent_fix=agents.fix_responses)

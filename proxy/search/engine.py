@@ -68,8 +68,7 @@ class Turn:
     reasoning: list[str] = field(default_factory=list)
     calls: dict = field(default_factory=dict)        # dialect's key -> Call, in order
     finish: str | None = None                        # the backend's own finish/stop reason
-    usage_in: int = 0
-    usage_out: int = 0
+    usage_out: int = 0                               # output tokens the backend counted
 
     def text(self, s: str | None) -> None:
         if s:
@@ -91,9 +90,7 @@ class Turn:
         if s:
             self.call(key).args += s
 
-    def usage(self, inp=None, out=None) -> None:
-        if isinstance(inp, int):
-            self.usage_in += inp
+    def usage(self, out=None) -> None:
         if isinstance(out, int):
             self.usage_out += out
 

@@ -27,15 +27,9 @@ from common.errors import ApiError
 from common.sse import KEEPALIVE
 from common.streaming import forward_headers, headers_now, sse_response
 
+from .. import agents
 from ..upstream import Background, waited
 from .engine import Step, decide, new_id
-
-try:
-    from .. import agents
-except ModuleNotFoundError as e:        # not written yet: no agent fixes
-    if e.name != "proxy.agents":
-        raise
-    agents = None
 
 TRUNCATED = "the upstream stream ended without a finish"
 
@@ -66,7 +60,7 @@ def serve(ad, stream: bool) -> Response:
 def backend_error(status: int, raw: bytes) -> tuple[int, bytes]:
     """The backend's error as the client gets it (agents.backend_error: a template
     exception or a prompt over the context is a 400 saying what to do)."""
-    mapped = agents.backend_error(status, raw) if agents and status >= 400 else None
+    mapped = agents.backend_error(status, raw) if status >= 400 else None
     return mapped if mapped is not None else (status, raw)
 
 

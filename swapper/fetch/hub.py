@@ -19,10 +19,6 @@ def tail(text: str, n: int = 6) -> str:
     return " | ".join(lines[-n:]) if lines else "(no output)"
 
 
-def explain_hf_failure(repo: str, what: str, text: str, env: dict) -> str:
-    return _explain(repo, what, text, env)[0]
-
-
 def hf_error(repo: str, what: str, text: str, env: dict) -> FetchError:
     message, kind = _explain(repo, what, text, env)
     return FetchError(message, kind)

@@ -57,6 +57,7 @@ from pathlib import Path
 import requests
 
 from proxy.agents import fix
+from proxy.dialects import BY_NAME
 from tests.perf import client
 from tests.support import agents as captured_agents
 from tests.support.process import REPO
@@ -98,7 +99,7 @@ def capped(agent: str, body: dict, n: int) -> dict:
 
 def fixed(agent: str, body: dict) -> dict:
     b = copy.deepcopy(body)
-    fix(AGENTS[agent][0], b, {})
+    fix(BY_NAME[AGENTS[agent][0]], b, {})
     return b
 
 

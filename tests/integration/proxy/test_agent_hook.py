@@ -66,8 +66,8 @@ def test_fix_runs_once_on_the_clients_body_before_our_changes(make_proxy, chat, 
 
     class Agents:
         @staticmethod
-        def fix(name, body, info):
-            seen.append((name, json.dumps(body), info))
+        def fix(d, body, info):
+            seen.append((d.name, json.dumps(body), info))
             body["seen_by_fix"] = True          # its change reaches the backend
             return True
 

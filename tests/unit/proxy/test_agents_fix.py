@@ -5,10 +5,22 @@ from __future__ import annotations
 import copy
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
-from proxy.agents import NOTE, backend_error, fix
+from proxy import agents
+from proxy.agents import NOTE, backend_error
+from proxy.dialects import BY_NAME
+from proxy.dialects.base import no_agent_fix
+
+# the declared dialects by name, and one that declares no agent fix
+DIALECTS = {**BY_NAME, "none": replace(BY_NAME["chat"], agent_fix=no_agent_fix)}
+
+
+def fix(dialect: str, body, info):
+    """agents.fix on a request of the dialect of that name."""
+    return agents.fix(DIALECTS[dialect], body, info)
 
 
 def _same_after_fix(dialect, body, info=None):
@@ -265,7 +277,7 @@ def test_without_the_field_no_kwarg_is_added():
     ("chat", {}), ("chat", {"messages": "x"}), ("chat", {"messages": [None, 3, "s"]}),
     ("messages", {"system": 5, "messages": None}), ("messages", {"system": [None, 1]}),
     ("responses", {"input": None}), ("responses", {"input": [None, "x", 1]}),
-    ("nonsense", {"messages": [{"role": "system"}, {"role": "system"}]}),
+    ("none", {"messages": [{"role": "system"}, {"role": "system"}]}),
 ])
 def test_malformed_bodies_are_left_for_the_backend_to_refuse(dialect, body):
     before = copy.deepcopy(body)

@@ -22,9 +22,11 @@ import jinja2.meta
 import pytest
 
 from proxy.agents import NOTE, fix
+from proxy.dialects import BY_NAME
 from tests.support.agents import anthropic_to_chat, captured, qwen35, render, responses_to_chat
 
-AGENTS = {"claude": ("messages", anthropic_to_chat), "codex": ("responses", responses_to_chat)}
+AGENTS = {"claude": (BY_NAME["messages"], anthropic_to_chat),
+          "codex": (BY_NAME["responses"], responses_to_chat)}
 # Qwen 3.6's templates differ from 3.5's in this one condition: earlier turns keep their
 # <think> when the caller passes preserve_thinking.
 KEEP_35 = "{%- if loop.index0 > ns.last_query_index %}"
@@ -149,7 +151,7 @@ def test_d_the_billing_header_was_what_differed():
     p = []
     for s, h in ((s1, h1), (s2, h2)):
         body = copy.deepcopy(s[0])
-        fix("messages", body, {})
+        fix(BY_NAME["messages"], body, {})
         body["system"].insert(0, {"type": "text", "text": h})
         p.append(render(qwen35(), anthropic_to_chat(body)))
     n = _common(*p)
@@ -190,6 +192,6 @@ def test_chat_dialect_the_same_conversation_as_chat_completions():
         chat = responses_to_chat(copy.deepcopy(body))
         with pytest.raises(jinja2.TemplateError):
             render(qwen35(), chat)
-        assert fix("chat", chat, {}) is True
+        assert fix(BY_NAME["chat"], chat, {}) is True
         rendered.append(render(qwen35(), chat))
     assert rendered[1].startswith(rendered[0]) and rendered[2].startswith(rendered[1])

@@ -37,7 +37,7 @@ def test_every_dialect_has_every_part(d):
     assert w.backend and w.conversation and set(w.conversation) <= set(w.backend)
     assert all(callable(getattr(d, f)) for f in (
         "parse", "system_prompt", "search_tool", "straight_stream", "straight_whole",
-        "stream_error", "flatten"))
+        "stream_error", "flatten", "agent_fix"))
     assert d.floor_keys and all(isinstance(k, str) for k in d.floor_keys)
     assert issubclass(d.adapter, Adapter) and d.adapter.path == w.path
     assert issubclass(d.progress, progress.Progress)

@@ -49,11 +49,12 @@ def test_turn_accumulates_fragments_by_key():
     t.text("a")
     t.text(None)
     t.text("b")
-    t.usage(10, 2)
-    t.usage(5, None)
+    t.usage(2)
+    t.usage(None)
+    t.usage(3)
     assert [c.name for c in t.ours] == ["web_search"] and t.ours[0].query == "flask"
     assert [c.id for c in t.theirs] == ["c2"]
-    assert t.content == "ab" and (t.usage_in, t.usage_out) == (15, 2)
+    assert t.content == "ab" and t.usage_out == 5
 
 
 @pytest.mark.parametrize("args,query", [('{"query": " x "}', " x "), ('{"query": ""}', None),

@@ -19,6 +19,11 @@ def make(tmp_path=None):
     return s, clock, events
 
 
+def remembered(path):
+    """What the swapper keeps of each model's loads: the file it reads back at start."""
+    return json.loads(path.read_text())["models"]
+
+
 def load(s, clock, seconds, error=None):
     a = s.next_action(timeout=0)
     assert a.kind == "load"
@@ -34,8 +39,9 @@ def stop(s, clock, seconds=0.0):
     s.stop_done()
 
 
-def test_median_of_the_last_loads_bounded():
-    lt = LoadTimes()
+def test_median_of_the_last_loads_bounded(tmp_path):
+    path = tmp_path / "load-times.json"
+    lt = LoadTimes(path)
     assert lt.expected("a") is None and lt.remaining("a", 3) is None
     for x in (10, 30, 20):
         lt.add("a", x)
@@ -43,7 +49,7 @@ def test_median_of_the_last_loads_bounded():
     assert lt.remaining("a", 5) == 15 and lt.remaining("a", 25) == 0
     for x in range(100, 100 + HISTORY):
         lt.add("a", x)
-    assert lt.of("a") == list(range(100, 100 + HISTORY))     # the oldest went
+    assert remembered(path) == {"a": list(range(100, 100 + HISTORY))}   # the oldest went
     lt.add("b", -1)
     assert lt.expected("b") is None                          # nonsense is not remembered
 
@@ -64,7 +70,9 @@ def test_a_bad_file_costs_the_history_only(tmp_path):
     assert LoadTimes(path).expected("a") is None
     path.write_text(json.dumps({"models": {"a": ["x", True, 3, -2, 5.0], "b": "no"}}))
     lt = LoadTimes(path)
-    assert lt.of("a") == [3.0, 5.0] and lt.of("b") == []
+    assert lt.expected("a") == 4.0 and lt.expected("b") is None
+    lt.add("c", 1.0)                                # written back: what was read, and c
+    assert remembered(path) == {"a": [3.0, 5.0], "c": [1.0]}
     blocked = tmp_path / "file"
     blocked.write_text("")
     lt = LoadTimes(blocked / "load-times.json")     # its folder is a file: cannot write
@@ -78,8 +86,8 @@ def test_kept_in_kv_cache_dir_when_there_is_one(tmp_path):
     assert lt.path == tmp_path / "load-times.json"
 
 
-def test_no_eta_before_a_first_load_then_in_events_status_and_comments():
-    s, clock, events = make()
+def test_no_eta_before_a_first_load_then_in_events_status_and_comments(tmp_path):
+    s, clock, events = make(tmp_path)
     t = s.submit("a")
     started = [f for e, f in events if e == "load_started"][-1]
     assert "expected_seconds" not in started
@@ -87,7 +95,7 @@ def test_no_eta_before_a_first_load_then_in_events_status_and_comments():
     assert "left" not in waiting_for(s.snapshot(), "a")
     load(s, clock, 8.0)
     s.release(t)
-    assert s.load_times.of("a") == [8.0]
+    assert remembered(s.load_times.path) == {"a": [8.0]}
 
     s.submit(None)                   # unload
     stop(s, clock)
@@ -108,23 +116,24 @@ def test_no_eta_before_a_first_load_then_in_events_status_and_comments():
     assert s.model_status("a")["eta_seconds"] == 0
     a = s.next_action(timeout=0)
     s.load_done(a.epoch, backend="b-a")
-    assert s.load_times.of("a") == [8.0, 23.0] and s.load_times.expected("a") == 15.5
+    assert remembered(s.load_times.path) == {"a": [8.0, 23.0]}
+    assert s.load_times.expected("a") == 15.5
     assert s.snapshot()["expected_seconds"] is None        # not loading
     assert s.model_status("a") == {"value": "loaded"}
     s.release(t)
 
 
-def test_a_failed_load_is_not_remembered_nor_the_backoff_before_a_retry():
-    s, clock, _ = make()
+def test_a_failed_load_is_not_remembered_nor_the_backoff_before_a_retry(tmp_path):
+    s, clock, _ = make(tmp_path)
     s.submit("a")
     load(s, clock, 2.0, error=LoadFailed("boom"))
-    assert s.load_times.of("a") == []
+    assert s.load_times.expected("a") is None and not s.load_times.path.exists()
     s.submit("a")
     a = s.next_action(timeout=0)
     assert a.delay == 1.0                          # backoff_base: waited before the start
     clock.now += a.delay + 4.0
     s.load_done(a.epoch, backend="b-a")
-    assert s.load_times.of("a") == [4.0]
+    assert remembered(s.load_times.path) == {"a": [4.0]}
 
 
 def test_last_swap_time_from_the_stop_to_the_next_ready():
