@@ -34,7 +34,6 @@ from common.failures import message_of
 from common.streaming import forward_headers, relay, sse_response
 
 from .. import normalize, progress
-from ..metrics import MODEL
 from ..search import rounds
 from ..search.engine import TOOL_NAME
 
@@ -65,12 +64,13 @@ ALL = _declared()
 BY_NAME = {d.name: d for d in ALL}
 
 
-def handle(d: Dialect, parts: dict, request) -> Response:
+def handle(d: Dialect, parts: dict, request, record) -> Response:
+    """Serve one request of dialect `d`; `record`: its record (proxy/record.py)."""
     settings, catalog = parts["settings"], parts["catalog"]
     raw = request.get_data()
     body = d.parse(raw)
     model = body.get("model") if isinstance(body.get("model"), str) else None
-    request.environ[MODEL] = model                   # for the metrics: no second parse
+    record.model = model                    # for the metrics: no second parse
     info = _Lazy(lambda: catalog.lookup(model))
     changed = d.progress.strip(body)        # our wait's progress: never the model's
     changed |= bool(agents and agents.fix(d.name, body, info()))
@@ -90,6 +90,7 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     if tool is not None:
         ad = d.adapter(body, tool, parts, request)
         ad.names = names
+        ad.record = ad.searcher.record = record
         return _in_progress(d, body, rounds.serve(ad, stream), settings, request.environ)
 
     # nothing to change: the client's bytes, as they came
@@ -97,8 +98,10 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     data = guard.dumps(body) if changed else raw
 
     def call():         # may run beside the request: no `request` in here
-        return parts["upstream"].request("POST", d.wire.path, headers=headers, data=data,
-                                         stream=True, environ=environ, read_body=not stream)
+        r = parts["upstream"].request("POST", d.wire.path, headers=headers, data=data,
+                                      stream=True, environ=environ, read_body=not stream)
+        record.note_header(r.headers)
+        return r
     if not stream:
         r = call()
         if r.status_code >= 400:
@@ -112,12 +115,13 @@ def handle(d: Dialect, parts: dict, request) -> Response:
         # No head from the backend yet (llama-server sends it with the first
         # token, after the prefill): the stream starts now, kept alive.
         return _in_progress(d, body, sse_response(_late(d, task, body, environ, interval,
-                                                        names)), settings, environ)
+                                                        names, record)), settings, environ)
     r = task.result()
     if r.status_code != 200:
         return error_answer(r)
     return _in_progress(d, body, relay(r, body=d.straight_stream(
-        kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body, names)),
+        kept_alive(streamed(r, environ, record), interval, sse.KEEPALIVE, r.close), body,
+        names)),
         settings, environ)
 
 
@@ -178,7 +182,7 @@ def _names_search(tc) -> bool:
     return (fn.get("name") if isinstance(fn, dict) else tc.get("name")) == TOOL_NAME
 
 
-def _late(d: Dialect, task, body, environ, interval, names):
+def _late(d: Dialect, task, body, environ, interval, names, record):
     """A stream whose backend had not answered its head within one keep-alive
     interval: comments until it does, then its events, or its error as the
     dialect's error event (the status is sent already)."""
@@ -195,7 +199,7 @@ def _late(d: Dialect, task, body, environ, interval, names):
         yield d.stream_error(message_of(raw, status), status, error_code(raw))
         return
     yield from d.straight_stream(
-        kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body, names)
+        kept_alive(streamed(r, environ, record), interval, sse.KEEPALIVE, r.close), body, names)
 
 
 def backend_error(status: int, raw: bytes) -> tuple[int, bytes]:

@@ -602,43 +602,39 @@ class Progress(progress.Progress):
                          "model": body.get("model") or "", "output": []}
         self.opened = False
 
-    def tick(self, text: str) -> bytes:
-        out = b""
+    def tick(self, text: str) -> list[sse.Event]:
+        out = []
         if not self.opened:
             self.opened = True
-            out = sse.event("response.created", {"type": "response.created",
-                                                  "response": self.response})
-        return out + sse.event("response.in_progress", {"type": "response.in_progress",
-                                                         "response": self.response})
+            out.append(self.event({"type": "response.created", "response": self.response},
+                                  "response.created"))
+        out.append(self.event({"type": "response.in_progress", "response": self.response},
+                              "response.in_progress"))
+        return out
 
-    def then(self, first: list[bytes], parser: sse.Parser, it) -> Iterator[bytes]:
+    def then(self, first: list[sse.Event], batches) -> Iterator[list[sse.Event]]:
         """The backend's events, its response.created left out (ours went first) and
         its lifecycle events (in_progress, completed, ...) under our response's id:
         the OpenAI SDK refuses a stream whose response changes identity."""
-        yield b"".join(map(self._ours, first))
-        for piece in it:
-            whole = parser.take(piece)
-            if whole:
-                yield b"".join(map(self._ours, sse.split(whole))) \
-                    if _LIFECYCLE.search(whole) else whole
-        rest = parser.rest()
-        if rest:
-            yield self._ours(rest)
+        yield self._ours(first)
+        for evs in batches:
+            ours = self._ours(evs)
+            if ours or not evs:
+                yield ours
 
-    def _ours(self, raw: bytes) -> bytes:
-        if not _LIFECYCLE.search(raw):
-            return raw
-        parsed = sse.json_event(raw)
-        if parsed is None:
-            return raw
-        ev, obj = parsed
-        kind = obj.get("type")
-        if kind == "response.created":
-            return b""
-        if not kind or not isinstance(obj.get("response"), dict):
-            return raw
-        obj["response"]["id"] = self.response["id"]
-        return sse.event(ev.name or kind, obj)
+    def _ours(self, evs: list[sse.Event]) -> list[sse.Event]:
+        out = []
+        for ev in evs:
+            obj = ev.json if _LIFECYCLE.search(ev.raw) else None
+            kind = obj.get("type") if isinstance(obj, dict) else None
+            if kind == "response.created":
+                continue
+            if not kind or not isinstance(obj.get("response"), dict):
+                out.append(ev)
+                continue
+            obj["response"]["id"] = self.response["id"]
+            out.append(sse.Event.of(obj, ev.name or kind))
+        return out
 
 
 _LIFECYCLE = re.compile(rb'"response\.(?:created|queued|in_progress|completed|failed|incomplete)"')

@@ -43,7 +43,9 @@ def test_every_dialect_has_every_part(d):
     assert issubclass(d.progress, progress.Progress)
     assert d.progress.tick is not progress.Progress.tick
     # its progress events are events with data, which agents' timers count
-    tick = d.progress({"model": "m"}).tick("loading")
+    events = d.progress({"model": "m"}).tick("loading")
+    assert events and all(ev.progress for ev in events)    # not the answer's first token
+    tick = b"".join(sse.write([events]))                      # as the writer sends them
     assert tick.endswith(b"\n\n") and b"data: {" in tick
 
 

@@ -8,6 +8,7 @@ from flask import Flask, Response, request
 
 from common.metrics import exposition
 from proxy.metrics import Metrics, route_label
+from proxy.record import Record
 from tests.support.metrics import Scrape, record_labels
 
 APP = Flask("t")
@@ -31,6 +32,14 @@ CHAT_STREAM = sse(chunk("a"), chunk("b"), chunk("c"),
                   {"choices": [], "model": "/models/x.gguf", "usage": USAGE})
 
 
+def observe(metrics, resp, request, t0):
+    """The app's hooks around an answer: the request's record (its model not read by
+    a handler: the metrics read it from the body), then the metrics."""
+    rec = Record(route_label(request.path), None, request.method, t0)
+    rec.body = request.get_data()
+    return metrics.observe(resp, rec)
+
+
 def run(metrics, body_parts, *, path="/v1/chat/completions", status=200, stream=True,
         request_json=None, mimetype=None):
     mimetype = mimetype or ("text/event-stream" if stream else "application/json")
@@ -41,7 +50,7 @@ def run(metrics, body_parts, *, path="/v1/chat/completions", status=200, stream=
             resp = Response(iter(body_parts), status=status, mimetype=mimetype)
         else:
             resp = Response(b"".join(body_parts), status=status, mimetype=mimetype)
-        resp = metrics.observe(resp, request, 0.0)
+        resp = observe(metrics, resp, request, 0.0)
         if resp.is_streamed:
             for _ in resp.response:
                 pass
@@ -138,17 +147,17 @@ def test_a_bookkeeping_bug_never_breaks_the_answer(monkeypatch):
     def broken(self, *a):
         raise RuntimeError("metrics bug")
 
-    monkeypatch.setattr(pm._Answer, "event", broken)
-    monkeypatch.setattr(pm._Answer, "done", broken)
+    monkeypatch.setattr(Record, "event", broken)
+    monkeypatch.setattr(pm.Metrics, "_ended", broken)
     m = Metrics()
     with APP.test_request_context("/v1/chat/completions", method="POST", json={"model": "t"}):
         request.get_data()
-        resp = m.observe(Response(iter(split_every(CHAT_STREAM, 7)),
-                                  mimetype="text/event-stream"), request, 0.0)
+        resp = observe(m, Response(iter(split_every(CHAT_STREAM, 7)),
+                                   mimetype="text/event-stream"), request, 0.0)
         assert b"".join(resp.response) == CHAT_STREAM
         resp.response.close()
-        resp = m.observe(Response(json.dumps({"usage": USAGE}), mimetype="application/json"),
-                         request, 0.0)
+        resp = observe(m, Response(json.dumps({"usage": USAGE}), mimetype="application/json"),
+                       request, 0.0)
         assert resp.get_json() == {"usage": USAGE}
         resp.close()
     s = Scrape(exposition(m.collectors).decode())
@@ -174,27 +183,27 @@ def test_an_answer_leaves_before_the_metrics_read_it(monkeypatch):
     """What the metrics read of an answer (its events parsed, its usage, the
     histograms) is read once that piece has gone to the client: never between
     the backend's token and the client."""
-    from proxy import metrics as pm
     read = []
-    real = pm._Answer.event
-    monkeypatch.setattr(pm._Answer, "event", lambda self, ev, now: read.append(ev.raw) or
+    real = Record.event
+    monkeypatch.setattr(Record, "event", lambda self, ev, now: read.append(ev.raw) or
                         real(self, ev, now))
     m = Metrics()
     pieces = split_every(CHAT_STREAM, 40)
     with APP.test_request_context("/v1/chat/completions", method="POST", json={"model": "t"}):
         request.get_data()
-        stream = m.observe(Response(iter(pieces), mimetype="text/event-stream"), request, 0.0)
+        stream = observe(m, Response(iter(pieces), mimetype="text/event-stream"), request,
+                         0.0)
         it = iter(stream.response)
-        ends = CHAT_STREAM.index(b"\n\n") // 40            # the piece the first event ends in
-        for k in range(ends + 1):
-            assert next(it) == pieces[k]
+        # the reader hands on each read's whole events: the first event's bytes
+        first = next(it)
+        assert first == CHAT_STREAM[:len(first)] and first.endswith(b"\n\n")
         assert read == []                                    # out, not yet read
         next(it)
         assert read and read[0].startswith(b"data: {")
         list(it)
         stream.response.close()
-        whole = m.observe(Response(json.dumps({"usage": USAGE}), mimetype="application/json"),
-                          request, 0.0)
+        whole = observe(m, Response(json.dumps({"usage": USAGE}),
+                                    mimetype="application/json"), request, 0.0)
         before = Scrape(exposition(m.collectors).decode())
         whole.close()                                        # the server has sent it
     after = Scrape(exposition(m.collectors).decode())
