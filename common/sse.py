@@ -236,12 +236,6 @@ def json_batches(chunks: Iterable[bytes]) -> Iterator[list[tuple[str | None, obj
             yield out
 
 
-def json_events(chunks: Iterable[bytes]) -> Iterator[tuple[str | None, object]]:
-    """json_batches(chunks), one event at a time."""
-    for batch in json_batches(chunks):
-        yield from batch
-
-
 # ------------------------------------------------------------ the reader and the writer
 
 def read(chunks: Iterable[bytes]) -> Iterator[list[Event]]:
@@ -354,18 +348,3 @@ class Body:
             if self.ended is not None:
                 ended, self.ended = self.ended, None
                 ended()
-
-
-def error_event(path: str, message: str, status: int, code: str | None = None,
-                type_: str | None = None) -> bytes:
-    """The event that ends a stream with an error, in the stream's dialect (the
-    one whose route's last part `path` ends with: common/dialects.py): Anthropic
-    Messages (`event: error`), OpenAI Responses (`event: error`), or else
-    chat/completions' (`data: {"error": ...}`)."""
-    from .dialects import WIRES
-    from .errors import error_body
-    p = path.strip("/")
-    for w in WIRES:
-        if w.error_event is not None and p.endswith(w.path.rsplit("/", 1)[1]):
-            return w.error_event(message, status, code)
-    return emit(error_body(message, status, type_, code))

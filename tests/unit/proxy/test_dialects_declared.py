@@ -75,7 +75,7 @@ def test_the_readers_are_built_from_the_declarations():
             assert intake._CONVERSATION[route] == key
         assert wires.wire_of(w.path) is w
         if w.error_event is not None:
-            assert sse.error_event(w.path, "m", 500, "c") == w.error_event("m", 500, "c")
+            assert wires.error_event(w.path, "m", 500, "c") == w.error_event("m", 500, "c")
     for alias in (p for d in dialects.ALL for p in d.paths[1:]):
         assert routes._unaliased(alias + "/x").endswith("/x")
 
