@@ -27,15 +27,18 @@ class Event:
                  obj=_UNREAD, progress: bool = False):
         self.raw = raw          # the event's bytes including the terminating blank line
         self.data = data        # joined `data:` payload, None for comment-only events
+        #                         (a stage's event has its data too: Event.of)
         self.name = name        # the `event:` field
         self._obj = obj
         self.progress = progress    # a wait's progress (not the answer: no first token)
 
     @classmethod
     def of(cls, obj: dict, name: str | None = None, progress: bool = False) -> "Event":
-        """An event a stage makes of `obj` (framed here, never parsed again)."""
-        raw = event(name, obj) if name else emit(obj)
-        return cls(raw, None, name, obj, progress)
+        """An event a stage makes of `obj` (framed here, never parsed again). It is
+        a data event like one read: its `data` is the JSON it carries (the stages
+        after it and the request's record tell comments by `data is None`)."""
+        data = _dumps(obj, ascii=not name)
+        return cls(_framed(name, data), data, name, obj, progress)
 
     @classmethod
     def comment(cls, raw: bytes) -> "Event":
@@ -48,8 +51,8 @@ class Event:
 
     @property
     def is_comment(self) -> bool:
-        """A comment (or blank) event: no data, and made by no stage."""
-        return self.data is None and self._obj is _UNREAD
+        """A comment (or blank) event: no data."""
+        return self.data is None
 
     @property
     def json(self):
@@ -71,13 +74,23 @@ class Event:
 
 def emit(obj) -> bytes:
     """One `data:` event carrying obj as compact JSON."""
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return _framed(None, _dumps(obj, ascii=True))
 
 
 def event(name: str, obj: dict) -> bytes:
     """One named event (`event:` + `data:`), as Anthropic and Responses streams use."""
-    return (b"event: " + name.encode() + b"\ndata: "
-            + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n")
+    return _framed(name, _dumps(obj, ascii=False))
+
+
+def _dumps(obj, ascii: bool) -> str:
+    """obj as compact JSON on one line (a `data:` payload)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=ascii)
+
+
+def _framed(name: str | None, data: str) -> bytes:
+    """One event of this one-line data (named when `name`)."""
+    head = b"event: " + name.encode() + b"\n" if name else b""
+    return head + b"data: " + data.encode() + b"\n\n"
 
 
 def comment(text: str = "keep-alive") -> bytes:
