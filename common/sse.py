@@ -225,24 +225,22 @@ def batches(chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield rest
 
 
-def json_batches(chunks: Iterable[bytes]) -> Iterator[list[tuple[str | None, object]]]:
-    """A stream's JSON-object events as (`event:` name or None, object), one list per
-    read, up to `[DONE]`; a comment comes as (":", its raw bytes). Data that is not a
-    JSON object is skipped."""
-    for whole in batches(chunks):
+def json_batches(chunks: Iterable) -> Iterator[list[tuple[str | None, object]]]:
+    """A stream's JSON-object events (bytes, or an earlier stage's events: events_of)
+    as (`event:` name or None, object), one list per read, up to `[DONE]`; a comment
+    comes as (":", its raw bytes). Data that is not a JSON object is skipped."""
+    for evs in events_of(chunks):
         out: list[tuple[str | None, object]] = []
-        for ev in events(whole):
+        for ev in evs:
             if ev.data is None:
-                out.append((":", ev.raw))
+                if ev.raw.strip(b"\n"):
+                    out.append((":", ev.raw))
                 continue
             if ev.is_done:
                 if out:
                     yield out
                 return
-            try:
-                obj = json.loads(ev.data)
-            except ValueError:
-                continue
+            obj = ev.json
             if isinstance(obj, dict):
                 out.append((ev.name, obj))
         if out:

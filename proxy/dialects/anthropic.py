@@ -176,17 +176,18 @@ def _stop_reason(turn: Turn) -> str:
     return turn.finish
 
 
-def message_start(msg_id: str, model) -> bytes:
+def message_start(msg_id: str, model) -> dict:
     """An Anthropic stream's message_start: an empty assistant message, no usage yet."""
-    return event("message_start", {"type": "message_start", "message": {
+    return {"type": "message_start", "message": {
         "id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": 0, "output_tokens": 0}}})
+        "usage": {"input_tokens": 0, "output_tokens": 0}}}
 
 
-def with_message_start(chunks: Iterable[bytes], model) -> Iterator[bytes]:
-    """A Messages stream from the backend, made to begin with message_start
-    (relayed as it is, or read by the web_search rounds).
+def with_message_start(chunks: Iterable, model) -> sse.Body:
+    """A Messages stream from the backend (bytes, or an earlier stage's events),
+    made to begin with message_start (relayed as it is, or read by the web_search
+    rounds).
 
     llama-server now and then leaves it out of a short stream (its first tokens
     reach the stream writer together with the final result; seen 2 in 11 runs
@@ -195,32 +196,30 @@ def with_message_start(chunks: Iterable[bytes], model) -> Iterator[bytes]:
     or comes out empty. A stream that begins with an error stays as it is.
     Comments (the swapper's `: loading model` lines) pass at once; once the
     first event with data has been seen, the rest passes untouched."""
-    parser = sse.Parser()
-    chunks = iter(chunks)
-    for chunk in chunks:
-        if not chunk:
-            yield chunk          # the headers, now (common.streaming.headers_now)
-            continue
-        events = sse.split(parser.take(chunk))
-        for i, raw in enumerate(events):
-            ev = sse.parse_event(raw)
-            if ev is None or ev.data is None:
-                continue                          # a comment or a blank line
-            head = b"".join(events[:i])
-            try:                                  # one parse per stream: its first event
-                kind = ev.name or json.loads(ev.data).get("type")
-            except (ValueError, AttributeError):
-                kind = None
-            if kind not in ("message_start", "error"):
-                head += message_start(new_id("msg_"), model)
-            yield head + b"".join(events[i:]) + parser.pending()
-            yield from chunks
-            return
-        if events:
-            yield b"".join(events)
-    tail = parser.pending()
-    if tail:
-        yield tail
+    return sse.Body(_with_message_start(sse.events_of(chunks), model))
+
+
+def _with_message_start(batches, model) -> Iterator[list[sse.Event]]:
+    try:
+        for evs in batches:
+            for i, ev in enumerate(evs):
+                if ev.data is None:
+                    continue                      # a comment
+                kind = ev.name                    # one parse per stream at most: its first event
+                if not kind:
+                    obj = ev.json
+                    kind = obj.get("type") if isinstance(obj, dict) else None
+                if kind not in ("message_start", "error"):
+                    evs = evs[:i] + [sse.Event.of(message_start(new_id("msg_"), model),
+                                                  "message_start")] + evs[i:]
+                yield evs
+                yield from batches
+                return
+            yield evs
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
 
 
 def _grow(block: dict, key: str, piece: str | None) -> None:

@@ -382,7 +382,7 @@ def test_a_native_messages_stream_begins_with_message_start_however_it_is_cut(wi
 
 def test_comments_before_the_first_event_pass_at_once():
     from proxy.dialects.anthropic import with_message_start
-    gen = with_message_start(iter([b": loading model m (1 s)\n\n", b": loading model m (2 s)\n\n"]), "m")
+    gen = iter(with_message_start(iter([b": loading model m (1 s)\n\n", b": loading model m (2 s)\n\n"]), "m"))
     assert next(gen) == b": loading model m (1 s)\n\n"
     assert next(gen) == b": loading model m (2 s)\n\n"
 
