@@ -186,37 +186,34 @@ def renamed(obj: dict, names: dict) -> dict:
     return out
 
 
-def renamed_stream(chunks, names: dict):
-    """A Responses stream with the calls of flattened tools in Codex's shape."""
+def renamed_stream(chunks, names: dict) -> sse.Body:
+    """A Responses stream (bytes, or an earlier stage's events) with the calls of
+    flattened tools in Codex's shape: the events that name one remade, every other
+    one as it came."""
+    return sse.Body(_renamed(sse.events_of(chunks), names))
+
+
+def _renamed(batches, names: dict):
     keys = [n.encode() for n in names]
-    parser = sse.Parser()
-    for chunk in chunks:
-        whole = parser.take(chunk)
-        if not whole:
-            if not chunk:
-                yield chunk          # the headers, now
-            continue
-        if not any(k in whole for k in keys):
-            yield whole
-            continue
-        out = []
-        for raw in sse.split(whole):
-            ev = sse.parse_event(raw)
-            obj = None
-            if ev is not None and ev.data is not None and any(k in raw for k in keys):
-                try:
-                    obj = json.loads(ev.data)
-                except ValueError:
-                    obj = None
-            if isinstance(obj, dict):
-                new = renamed(obj, names)
-                out.append(raw if new is obj else event(ev.name or new.get("type", ""), new))
-            else:
-                out.append(raw)
-        yield b"".join(out)
-    rest = parser.rest()
-    if rest:
-        yield rest
+    try:
+        for evs in batches:
+            if any(k in ev.raw for ev in evs for k in keys):
+                evs = [_renamed_event(ev, names, keys) for ev in evs]
+            yield evs
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def _renamed_event(ev: sse.Event, names: dict, keys: list[bytes]) -> sse.Event:
+    if ev.data is None or not any(k in ev.raw for k in keys):
+        return ev
+    obj = ev.json
+    if not isinstance(obj, dict):
+        return ev
+    new = renamed(obj, names)
+    return ev if new is obj else sse.Event.of(new, ev.name or new.get("type", ""))
 
 
 def _input_item(item: dict) -> dict:

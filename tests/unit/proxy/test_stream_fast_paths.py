@@ -392,3 +392,22 @@ def test_a_stream_that_begins_with_an_error_stays_as_it_is():
     err = (b'event: error\ndata: {"type":"error","error":{"type":"api_error",'
            b'"message":"boom"}}\n\n')
     assert b"".join(with_message_start([err], "m")) == err
+
+
+def test_a_responses_stream_renames_the_flattened_calls_however_it_is_cut():
+    """Codex's namespace tools (responses.flatten): the events that carry a call of
+    one are remade in Codex's shape, every other event passes byte for byte."""
+    from proxy.dialects.responses import renamed_stream
+    delta = sse.event("response.output_text.delta",
+                      {"type": "response.output_text.delta", "delta": "ok"})
+    call = {"type": "function_call", "call_id": "c1", "name": "ns__run", "arguments": "{}"}
+    done = sse.event("response.output_item.done",
+                     {"type": "response.output_item.done", "output_index": 0, "item": call})
+    whole = b": keep-alive\n\n" + delta + done + sse.DONE
+    for cut in range(1, len(whole)):
+        out = b"".join(renamed_stream([b"", whole[:cut], whole[cut:]], {"ns__run": ("ns", "run")}))
+        assert out.startswith(b": keep-alive\n\n" + delta) and out.endswith(sse.DONE), cut
+        evs = [e for e in sse.events(out) if e.data is not None and not e.is_done]
+        assert [e.name for e in evs] == ["response.output_text.delta",
+                                         "response.output_item.done"]
+        assert json.loads(evs[1].data)["item"] == {**call, "name": "run", "namespace": "ns"}
