@@ -29,7 +29,6 @@ from flask import Response
 
 from common import guard, sse
 from common.dialects import WIRES, wire_of
-from common.errors import ApiError
 from common.failures import message_of
 from common.streaming import forward_headers, relay, sse_response
 
@@ -37,7 +36,8 @@ from .. import normalize, progress
 from ..search import rounds
 from ..search.engine import TOOL_NAME
 
-from ..upstream import Background, kept_alive, streamed, waited
+from ..search.rounds import as_is, backend_error
+from ..upstream import Background, kept_alive, streamed
 from .base import Dialect
 
 try:
@@ -105,24 +105,27 @@ def handle(d: Dialect, parts: dict, request, record) -> Response:
     if not stream:
         r = call()
         if r.status_code >= 400:
-            return error_answer(r)
+            return as_is(r)
         content = d.straight_whole(r.content, names)
         r.close()
         return Response(content, status=r.status_code, headers=forward_headers(r.headers))
     interval = settings.KEEPALIVE_INTERVAL
+
+    def relayed(r):     # the backend's stream, kept alive while it prefills
+        return d.straight_stream(kept_alive(streamed(r, environ, record), interval,
+                                            sse.KEEPALIVE, r.close), body, names)
     task = Background(call)
     if not task.wait(interval):
         # No head from the backend yet (llama-server sends it with the first
-        # token, after the prefill): the stream starts now, kept alive.
-        return _in_progress(d, body, sse_response(_late(d, task, body, environ, interval,
-                                                        names, record)), settings, environ)
+        # token, after the prefill): the stream starts now, kept alive (the
+        # round loop's late start: its comments, its errors as the dialect's event).
+        return _in_progress(d, body, sse_response(rounds.late(
+            task, interval, lambda m, s, c: d.stream_error(m, s, c or "upstream_error"),
+            lambda raw, status: stream_failure(d, raw, status), relayed)), settings, environ)
     r = task.result()
     if r.status_code != 200:
-        return error_answer(r)
-    return _in_progress(d, body, relay(r, body=d.straight_stream(
-        kept_alive(streamed(r, environ, record), interval, sse.KEEPALIVE, r.close), body,
-        names)),
-        settings, environ)
+        return as_is(r)
+    return _in_progress(d, body, relay(r, body=relayed(r)), settings, environ)
 
 
 def _in_progress(d: Dialect, body: dict, resp: Response, settings, environ) -> Response:
@@ -182,44 +185,11 @@ def _names_search(tc) -> bool:
     return (fn.get("name") if isinstance(fn, dict) else tc.get("name")) == TOOL_NAME
 
 
-def _late(d: Dialect, task, body, environ, interval, names, record):
-    """A stream whose backend had not answered its head within one keep-alive
-    interval: comments until it does, then its events, or its error as the
-    dialect's error event (the status is sent already)."""
-    yield sse.KEEPALIVE
-    try:
-        r = yield from waited(task, interval, sse.KEEPALIVE)
-    except ApiError as e:
-        if e.status != 499:               # a client gone hears nothing
-            yield d.stream_error(e.message, e.status, e.code or "upstream_error")
-        return
-    if r.status_code != 200:
-        status, raw = backend_error(r.status_code, r.content)
-        r.close()
-        yield d.stream_error(message_of(raw, status), status, error_code(raw))
-        return
-    yield from d.straight_stream(
-        kept_alive(streamed(r, environ, record), interval, sse.KEEPALIVE, r.close), body, names)
-
-
-def backend_error(status: int, raw: bytes) -> tuple[int, bytes]:
-    """A backend's error answer as the client gets it: one an agent can act on
-    (agents.backend_error: template exceptions, prompts over the context) is a
-    400 saying what to do; any other as it came."""
-    mapped = agents.backend_error(status, raw) if agents and status >= 400 else None
-    return mapped if mapped is not None else (status, raw)
-
-
-def error_answer(r) -> Response:
-    """A backend's whole answer (an error: in the shape backend_error gives it;
-    the after-hook puts it in the dialect's shape: shaped)."""
-    content = r.content
-    r.close()
-    if r.status_code >= 400:
-        status, mapped = backend_error(r.status_code, content)
-        if mapped is not content:
-            return Response(mapped, status=status, mimetype="application/json")
-    return Response(content, status=r.status_code, headers=forward_headers(r.headers))
+def stream_failure(d: Dialect, raw: bytes, status: int) -> bytes:
+    """A backend's error answer to a stream that has begun, as the dialect's error
+    event (one an agent can act on as backend_error makes it)."""
+    status, raw = backend_error(status, raw)
+    return d.stream_error(message_of(raw, status), status, error_code(raw))
 
 
 def error_code(raw: bytes) -> str:
