@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .errors import anthropic_error
+from .errors import anthropic_error, error_body
 from .failures import message_of
 from .sse import emit
 
@@ -43,7 +43,7 @@ class Wire:
     # an error body in the dialect's shape (None: it is already); None: the OpenAI envelope
     error: Callable[[bytes, int], bytes | None] | None = None
     # (message, status, code) -> the event ending a stream with an error, as the
-    # swapper sends it (common/sse.error_event); None: the OpenAI envelope's
+    # swapper sends it (error_event); None: the OpenAI envelope's
     error_event: Callable[[str, int, str | None], bytes] | None = None
 
     @property
@@ -123,3 +123,16 @@ def wire_of(path: str) -> Wire | None:
         if path.startswith(w.paths):
             return w
     return None
+
+
+def error_event(path: str, message: str, status: int, code: str | None = None,
+                type_: str | None = None) -> bytes:
+    """The event that ends a stream with an error, in the stream's dialect (the
+    one whose route's last part `path` ends with): Anthropic
+    Messages (`event: error`), OpenAI Responses (`event: error`), or else
+    chat/completions' (`data: {"error": ...}`)."""
+    p = path.strip("/")
+    for w in WIRES:
+        if w.error_event is not None and p.endswith(w.path.rsplit("/", 1)[1]):
+            return w.error_event(message, status, code)
+    return emit(error_body(message, status, type_, code))

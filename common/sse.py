@@ -6,33 +6,91 @@ No model logic here. OpenAI-style streams use `data:` lines only; comments
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+import time
+from typing import Callable, Iterable, Iterator
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
 
 
-@dataclass
+_UNREAD = object()
+
+
 class Event:
-    raw: bytes          # the event's bytes including the terminating blank line
-    data: str | None    # joined `data:` payload, None for comment-only events
-    name: str | None = None     # the `event:` field
+    """One event as it came (or as a stage made it): its bytes, up to and with its
+    blank line, are what the writer sends when no stage changed it; its JSON is
+    parsed once, when a stage (or the request record) first asks (`json`)."""
+
+    __slots__ = ("raw", "data", "name", "_obj", "progress")
+
+    def __init__(self, raw: bytes, data: str | None, name: str | None = None,
+                 obj=_UNREAD, progress: bool = False):
+        self.raw = raw          # the event's bytes including the terminating blank line
+        self.data = data        # joined `data:` payload, None for comment-only events
+        #                         (a stage's event has its data too: Event.of)
+        self.name = name        # the `event:` field
+        self._obj = obj
+        self.progress = progress    # a wait's progress (not the answer: no first token)
+
+    @classmethod
+    def of(cls, obj: dict, name: str | None = None, progress: bool = False) -> "Event":
+        """An event a stage makes of `obj` (framed here, never parsed again). It is
+        a data event like one read: its `data` is the JSON it carries (the stages
+        after it and the request's record tell comments by `data is None`)."""
+        data = _dumps(obj, ascii=not name)
+        return cls(_framed(name, data), data, name, obj, progress)
+
+    @classmethod
+    def comment(cls, raw: bytes) -> "Event":
+        """A comment event of these bytes (keep-alives, the swapper's progress)."""
+        return cls(raw, None)
 
     @property
     def is_done(self) -> bool:
         return self.data is not None and self.data.strip() == "[DONE]"
 
+    @property
+    def is_comment(self) -> bool:
+        """A comment (or blank) event: no data."""
+        return self.data is None
+
+    @property
+    def json(self):
+        """The event's data as JSON (a dict for the events stages read), parsed once;
+        None for a comment, `[DONE]` or data that is not JSON."""
+        if self._obj is _UNREAD:
+            self._obj = None
+            if self.data is not None and not self.is_done:
+                from .guard import answer_json
+                try:
+                    self._obj = answer_json(self.data)
+                except ValueError:
+                    pass
+        return self._obj
+
+    def __repr__(self) -> str:
+        return f"Event({self.raw!r})"
+
 
 def emit(obj) -> bytes:
     """One `data:` event carrying obj as compact JSON."""
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return _framed(None, _dumps(obj, ascii=True))
 
 
 def event(name: str, obj: dict) -> bytes:
     """One named event (`event:` + `data:`), as Anthropic and Responses streams use."""
-    return (b"event: " + name.encode() + b"\ndata: "
-            + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n")
+    return _framed(name, _dumps(obj, ascii=False))
+
+
+def _dumps(obj, ascii: bool) -> str:
+    """obj as compact JSON on one line (a `data:` payload)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=ascii)
+
+
+def _framed(name: str | None, data: str) -> bytes:
+    """One event of this one-line data (named when `name`)."""
+    head = b"event: " + name.encode() + b"\n" if name else b""
+    return head + b"data: " + data.encode() + b"\n\n"
 
 
 def comment(text: str = "keep-alive") -> bytes:
@@ -167,46 +225,137 @@ def batches(chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield rest
 
 
-def json_batches(chunks: Iterable[bytes]) -> Iterator[list[tuple[str | None, object]]]:
-    """A stream's JSON-object events as (`event:` name or None, object), one list per
-    read, up to `[DONE]`; a comment comes as (":", its raw bytes). Data that is not a
-    JSON object is skipped."""
-    for whole in batches(chunks):
+def json_batches(chunks: Iterable) -> Iterator[list[tuple[str | None, object]]]:
+    """A stream's JSON-object events (bytes, or an earlier stage's events: events_of)
+    as (`event:` name or None, object), one list per read, up to `[DONE]`; a comment
+    comes as (":", its raw bytes). Data that is not a JSON object is skipped."""
+    for evs in events_of(chunks):
         out: list[tuple[str | None, object]] = []
-        for ev in events(whole):
+        for ev in evs:
             if ev.data is None:
-                out.append((":", ev.raw))
+                if ev.raw.strip(b"\n"):
+                    out.append((":", ev.raw))
                 continue
             if ev.is_done:
                 if out:
                     yield out
                 return
-            try:
-                obj = json.loads(ev.data)
-            except ValueError:
-                continue
+            obj = ev.json
             if isinstance(obj, dict):
                 out.append((ev.name, obj))
         if out:
             yield out
 
 
-def json_events(chunks: Iterable[bytes]) -> Iterator[tuple[str | None, object]]:
-    """json_batches(chunks), one event at a time."""
-    for batch in json_batches(chunks):
-        yield from batch
+# ------------------------------------------------------------ the reader and the writer
+
+def read(chunks: Iterable[bytes]) -> Iterator[list[Event]]:
+    """THE reader: a byte stream as lists of events, one list per read that completed
+    any (an empty list for an empty piece: the head, now), then an unterminated last
+    event. Blank events' bytes go with a neighbour (the writer sends them as they
+    came)."""
+    parser = Parser()
+    try:
+        for chunk in chunks:
+            if not chunk:
+                yield []
+                continue
+            whole = parser.take(chunk)
+            if whole:
+                yield batch(whole)
+        rest = parser.rest()
+        if rest:
+            yield batch(rest)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
 
 
-def error_event(path: str, message: str, status: int, code: str | None = None,
-                type_: str | None = None) -> bytes:
-    """The event that ends a stream with an error, in the stream's dialect (the
-    one whose route's last part `path` ends with: common/dialects.py): Anthropic
-    Messages (`event: error`), OpenAI Responses (`event: error`), or else
-    chat/completions' (`data: {"error": ...}`)."""
-    from .dialects import WIRES
-    from .errors import error_body
-    p = path.strip("/")
-    for w in WIRES:
-        if w.error_event is not None and p.endswith(w.path.rsplit("/", 1)[1]):
-            return w.error_event(message, status, code)
-    return emit(error_body(message, status, type_, code))
+def batch(whole: bytes) -> list[Event]:
+    """Whole events' bytes (as Parser.take gives them) as events, blank ones glued
+    to the event before (or after) them."""
+    out: list[Event] = []
+    blank = b""
+    for raw in split(whole):
+        ev = parse_event(raw)
+        if ev is None:
+            if out:
+                out[-1].raw += raw
+            else:
+                blank += raw
+            continue
+        if blank:
+            ev.raw, blank = blank + ev.raw, b""
+        out.append(ev)
+    if blank:
+        out.append(Event(blank, None))
+    return out
+
+
+def events_of(body: Iterable) -> Iterator[list[Event]]:
+    """A stage's input as lists of events: an earlier stage's Body as it is (its
+    events, not read again), anything else (bytes) through the reader."""
+    if isinstance(body, Body):
+        return body.take()
+    return read(body)
+
+
+def write(batches: Iterable[list[Event]]) -> Iterator[bytes]:
+    """THE writer: each list of events in one write; an event no stage changed goes
+    out as it came, byte for byte."""
+    for evs in batches:
+        yield evs[0].raw if len(evs) == 1 else b"".join(ev.raw for ev in evs)
+
+
+class Body:
+    """A streamed answer's events as the WSGI server takes them: bytes, one write per
+    list of events (the writer). A later stage takes the events themselves (take),
+    never the bytes; the request's record sees each list once it has gone (`sent`,
+    called with the list and the time it was handed on) and the end (`ended`)."""
+
+    __slots__ = ("batches", "sent", "ended", "_it", "_taken")
+
+    def __init__(self, batches: Iterable[list[Event]]):
+        self.batches = batches
+        self.sent: Callable[[list[Event], float], None] | None = None
+        self.ended: Callable[[], None] | None = None
+        self._it = None
+        self._taken = False
+
+    def take(self) -> Iterator[list[Event]]:
+        self._taken = True
+        return iter(self.batches)
+
+    def __iter__(self) -> Iterator[bytes]:
+        if self._it is None:
+            self._it = self._write()
+        return self._it
+
+    def _write(self) -> Iterator[bytes]:
+        sent = self.sent
+        try:
+            for evs in self.batches:
+                now = time.perf_counter()
+                yield evs[0].raw if len(evs) == 1 else b"".join(ev.raw for ev in evs)
+                if sent is not None and evs:
+                    sent(evs, now)
+        finally:
+            self._close_batches()
+            if self.ended is not None:
+                ended, self.ended = self.ended, None
+                ended()
+
+    def _close_batches(self) -> None:
+        close = getattr(self.batches, "close", None)
+        if close is not None:
+            close()
+
+    def close(self) -> None:
+        if self._it is not None:
+            self._it.close()
+        else:
+            self._close_batches()
+            if self.ended is not None:
+                ended, self.ended = self.ended, None
+                ended()

@@ -2,69 +2,71 @@
 
 A bounded in-memory ring (RING_SIZE entries, the oldest dropped first) of what
 each model request was: when, which dialect and model, its status, queue wait,
-time to first token, tokens in and out, tokens/s and search rounds. The app's before-request
-hook opens a record (`begin`); the metrics hook, which follows the answer's body
-to its end anyway, fills it and hands it back (`record`); the search loop's
-round count arrives through `rounds` (the request's context). The queue wait
-(seconds in the swapper's queue, a load or a swap before the backend got the
-request; summed over search rounds) is the swapper's word (common.queuewait): its
-X-Queue-Wait header, read where the proxy sends upstream (`note_wait`), or its
-`: queue-wait` comment in a stream that had to wait (`noting_waits`). One ring per
-worker process: with PROXY_WORKERS > 1 each worker shows its own requests.
+time to first token, tokens in and out, tokens/s and search rounds. Each is the
+request's record (proxy/record.py: made when it arrived, filled while it was
+served and as its answer went), handed here by the metrics at its end (`record`).
+One ring per worker process: with PROXY_WORKERS > 1 each worker shows its own
+requests.
 """
 from __future__ import annotations
 
 import collections
-import contextvars
 import itertools
 import threading
-import time
-from typing import Iterable, Iterator
 
-from common import queuewait
 from common.dialects import WIRES
 
 RING_SIZE = 200
+NAME_CHARS = 100        # a model name kept in an activity record, at most
 
 # The routes whose requests are listed (the console's own polling is not): the
 # dialects' (common/dialects.py) and the other model routes, by route label.
 DIALECTS = {**{w.path: w.name for w in WIRES},
             "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 
-RECORD = "coding_stack.activity"          # the request's open record (metrics.ACTIVITY)
-_current: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
-    "coding_stack_activity", default=None)
+
+def short(name):
+    """A model name as a record keeps it: the client's string, cut to NAME_CHARS
+    (a request may name a 10 MB model; the ring keeps 200 records)."""
+    return name[:NAME_CHARS] if isinstance(name, str) else None
 
 
 class Activity:
-    def __init__(self, size: int = RING_SIZE, clock=time.time):
+    def __init__(self, size: int = RING_SIZE):
         self._ring: collections.deque = collections.deque(maxlen=size)
         self._seq = itertools.count(1)
         self._lock = threading.Lock()
-        self._clock = clock
 
-    def begin(self, environ: dict, route: str) -> None:
-        """A request for a listed route arrived: open its record."""
-        dialect = DIALECTS.get(route)
-        if dialect is None:
-            _current.set(None)
+    @staticmethod
+    def dialect(route: str) -> str | None:
+        """The dialect a route's requests are listed under (None: not listed)."""
+        return DIALECTS.get(route)
+
+    def record(self, rec, label: str | None = None) -> None:
+        """A request's answer has ended: its record (proxy/record.Record; `label`:
+        the model's metric label, when its tokens were counted) joins the ring, when
+        its route is listed."""
+        if rec.dialect is None:
             return
-        rec = {"time": round(self._clock(), 3), "dialect": dialect,
-               "method": environ.get("REQUEST_METHOD")}
-        environ[RECORD] = rec
-        _current.set(rec)
+        entry = {"time": rec.time, "dialect": rec.dialect, "method": rec.method,
+                 "status": rec.status, "model": short(rec.requested()),
+                 "stream": rec.stream, "seconds": round(rec.seconds, 3)}
+        if rec.rounds is not None:
+            entry["search_rounds"] = rec.rounds
+        if rec.queue_wait is not None:
+            entry["queue_wait"] = rec.queue_wait
+        if rec.usage is not None:
+            first_token, rate = rec.first_token, rec.rate
+            entry.update(model=short(label or rec.requested() or rec.answered),
+                         ttft=None if first_token is None else round(first_token, 3),
+                         prompt_tokens=rec.prompt, completion_tokens=rec.completion,
+                         tokens_per_second=None if rate is None else round(rate, 1))
+        self.add(entry)
 
-    def rounds(self, n: int) -> None:
-        """The current request's search loop ended after `n` rounds."""
-        rec = _current.get()
-        if rec is not None:
-            rec["search_rounds"] = n
-
-    def record(self, rec: dict) -> None:
-        """A request's answer has ended: its record joins the ring."""
+    def add(self, entry: dict) -> None:
         with self._lock:
-            rec["seq"] = next(self._seq)
-            self._ring.append(rec)
+            entry["seq"] = next(self._seq)
+            self._ring.append(entry)
 
     def since(self, seq: int = 0, limit: int = RING_SIZE) -> tuple[list[dict], int]:
         """The records after `seq`, oldest first (at most `limit`, the newest), and
@@ -73,27 +75,3 @@ class Activity:
             out = [dict(r) for r in self._ring if r["seq"] > seq]
             newest = self._ring[-1]["seq"] if self._ring else 0
         return (out[-limit:] if limit > 0 else []), newest
-
-
-def note_wait(environ: dict | None, seconds: float | None) -> None:
-    """The swapper said the request waited `seconds` (None: it said nothing)."""
-    rec = environ.get(RECORD) if environ is not None and seconds is not None else None
-    if rec is not None:
-        rec["queue_wait"] = round(rec.get("queue_wait", 0.0) + seconds, 3)
-
-
-def noting_waits(pieces: Iterable[bytes], environ: dict | None) -> Iterator[bytes]:
-    """A streamed answer from the swapper as it comes; a queue-wait comment before
-    its first event's data is noted in the request's record (then the rest passes
-    untouched)."""
-    it = iter(pieces)
-    if environ is None or environ.get(RECORD) is None:
-        yield from it
-        return
-    for piece in it:
-        yield piece
-        if piece:
-            note_wait(environ, queuewait.from_piece(piece))
-            if b"data:" in piece:
-                break
-    yield from it

@@ -9,9 +9,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hmac
 import logging
-import time
 
-from flask import Flask, Response, current_app, request
+from flask import Flask, Response, current_app, g, request
 
 from common.errors import error_response, install_error_handlers
 from common.guard import close_connection, harden
@@ -19,7 +18,8 @@ from common.origins import OriginGuard, has_body, split_list
 
 from . import console, dialects
 from .activity import Activity
-from .metrics import MODEL, NOT_READ, T0, Metrics, route_label
+from .metrics import TOKEN_ROUTES, Metrics, route_label
+from .record import NOT_READ, Record
 from .routes import bp
 from .search.searxng import SearxngClient
 from .settings import Settings
@@ -98,10 +98,11 @@ def shaped(environ: dict, resp: Response) -> Response:
 
 
 def before():
-    """T0 of the request's time and its activity record."""
-    request.environ[T0] = time.perf_counter()
-    current_app.extensions["proxy"]["activity"].begin(request.environ,
-                                                      route_label(request.path))
+    """The request's record (proxy/record.py), made as it arrives: its t0, route and
+    dialect; the handlers fill it (passed to them by name), the writer as the
+    answer goes, the metrics and the activity list read it at the end."""
+    route = route_label(request.path)
+    g.record = Record(route, Activity.dialect(route), request.method)
     return None
 
 
@@ -109,6 +110,9 @@ def after(resp: Response) -> Response:
     """Every answer: in its dialect's error shape (Anthropic's on /v1/messages),
     then counted."""
     resp = dialects.shaped(resp, request.path)
-    env = request.environ
-    return current_app.extensions["proxy"]["metrics"].observe(
-        resp, request, env.get(T0), env.get(MODEL, NOT_READ))
+    rec = g.get("record")
+    if rec is None:
+        rec = Record(route_label(request.path), None, request.method)
+    if rec.model is NOT_READ and resp.status_code == 200 and rec.route in TOKEN_ROUTES:
+        rec.body = request.get_data()   # the handler read it: Werkzeug's cached copy
+    return current_app.extensions["proxy"]["metrics"].observe(resp, rec)

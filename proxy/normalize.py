@@ -226,33 +226,29 @@ def normalize_completion_bytes(raw: bytes) -> bytes:
     return raw
 
 
-def normalize_sse(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Pass an SSE stream through, rewriting only events that carry a reasoning field.
-
-    Complete events are forwarded as soon as they are complete (the events a read
-    completes, in one piece); bytes are not held beyond the end of the event they
-    belong to.
-    """
-    parser = sse.Parser()
-    for chunk in chunks:
-        whole = parser.take(chunk)
-        if not whole:
-            if not chunk:
-                yield chunk      # the headers, now (common.streaming.headers_now)
-            continue
-        if b'"reasoning' not in whole:
-            yield whole          # fast path: nothing to rewrite
-        else:
-            yield b"".join(map(_normalize_event, sse.split(whole)))
-    rest = parser.rest()
-    if rest:
-        yield _normalize_event(rest)
+def normalize_sse(chunks: Iterable) -> sse.Body:
+    """A chat stream (bytes, or an earlier stage's events) with only the events that
+    carry a reasoning field changed (both names served); every other event goes out
+    as it came. The events a read completes go on together, at once."""
+    return sse.Body(_mirrored(sse.events_of(chunks)))
 
 
-def _normalize_event(raw: bytes) -> bytes:
-    if b'"reasoning' not in raw:
-        return raw
-    parsed = sse.json_event(raw)
-    if parsed is not None and normalize_completion(parsed[1]):
-        return sse.emit(parsed[1])
-    return raw
+def _mirrored(batches) -> Iterator[list[sse.Event]]:
+    try:
+        for evs in batches:
+            if any(b'"reasoning' in ev.raw for ev in evs):
+                evs = [_mirror(ev) for ev in evs]
+            yield evs
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def _mirror(ev: sse.Event) -> sse.Event:
+    if b'"reasoning' not in ev.raw:
+        return ev
+    obj = ev.json
+    if isinstance(obj, dict) and normalize_completion(obj):
+        return sse.Event.of(obj)
+    return ev

@@ -23,8 +23,6 @@ from common import sse
 
 # The signature of our progress thinking block (Messages): how its strip() knows it.
 MARKER = "coding-stack-wait"
-# The request's environ key that is true while a piece of progress is being sent.
-SENDING = "proxy.progress.sending"
 # Comments that carry no words for the user (the proxy's keep-alive, the swapper's
 # queue-wait record for the activity list).
 _SILENT = ("keep-alive", "queue-wait")
@@ -40,9 +38,11 @@ def _text(raw: bytes) -> str:
 class Progress:
     """A waiting stream's progress in one dialect (each dialect's module declares
     its own: proxy/dialects/*.py): `tick(text)` is the progress for one comment
-    (`text`: its words, "" for none), `then(first, parser, it)` the backend's events
-    after it. The class also says which clients get it (`wanted`) and takes ours
-    out of a conversation sent back (`strip`)."""
+    (`text`: its words, "" for none: events made with `event`), `then(first,
+    batches)` the backend's events after it (`first`: the rest of the read that
+    brought the first event with data; `batches`: the reads after it). The class
+    also says which clients get it (`wanted`) and takes ours out of a conversation
+    sent back (`strip`)."""
 
     def __init__(self, body: dict):
         self.body = body
@@ -59,61 +59,57 @@ class Progress:
         body changed (none of it stays in a conversation: nothing to do)."""
         return False
 
-    def tick(self, text: str) -> bytes:
+    @staticmethod
+    def event(obj: dict, name: str | None = None) -> sse.Event:
+        """One event of progress (not the answer: the record's first token skips it)."""
+        return sse.Event.of(obj, name, progress=True)
+
+    def tick(self, text: str) -> list[sse.Event]:
         raise NotImplementedError
 
-    def then(self, first: list[bytes], parser: sse.Parser, it) -> Iterator[bytes]:
+    def then(self, first: list[sse.Event], batches) -> Iterator[list[sse.Event]]:
         """The backend's events as they came."""
-        yield b"".join(first) + parser.pending()
-        yield from it
+        yield first
+        yield from batches
 
 
-def kept_in_progress(progress: type[Progress], body: dict, pieces: Iterable[bytes],
-                     environ: dict | None = None) -> Iterator[bytes]:
-    """The client's stream (`pieces`, as the dialect's relay makes it), its comments
-    before the first event with data made the dialect's progress (`progress`:
-    its Progress; see above). A
-    stream whose first event comes with no comment before it passes untouched.
-    `environ[SENDING]` is true while the piece just handed on is progress only
-    (whole events): the metrics do not take it for the answer's first token."""
-    it = iter(pieces)
-    parser = sse.Parser()
+def kept_in_progress(progress: type[Progress], body: dict, pieces: Iterable,
+                     environ: dict | None = None) -> sse.Body:
+    """The client's stream (`pieces`: bytes, or an earlier stage's events), its
+    comments before the first event with data made the dialect's progress
+    (`progress`: its Progress; see above), flagged as progress (the record does
+    not take it for the answer's first token). A stream whose first event comes
+    with no comment before it passes untouched."""
+    return sse.Body(_kept(progress, body, sse.events_of(pieces)))
+
+
+def _kept(progress: type[Progress], body: dict, batches) -> Iterator[list[sse.Event]]:
     waiting = None
-    environ = environ if environ is not None else {}
     try:
-        for piece in it:
-            if not piece:
-                yield piece             # the headers, now
+        for evs in batches:
+            if not evs:
+                yield evs               # the headers, now
                 continue
-            events = sse.split(parser.take(piece))
-            out = []
-            for i, raw in enumerate(events):
-                ev = sse.parse_event(raw)
-                if ev is None:
-                    continue
+            out: list[sse.Event] = []
+            for i, ev in enumerate(evs):
                 if ev.data is None:     # the comment stays (curl's reader, the activity list)
-                    waiting = waiting or progress(body)
-                    out += (raw, waiting.tick(_text(raw)))
+                    out.append(ev)
+                    if ev.raw.strip(b"\n"):
+                        waiting = waiting or progress(body)
+                        out += waiting.tick(_text(ev.raw))
                     continue
-                rest = events[i:]
+                rest = evs[i:]
                 if waiting is None:     # no wait: the stream as it came
-                    yield b"".join(rest) + parser.pending()
-                    yield from it
+                    yield out + rest
+                    yield from batches
                     return
                 if out:
-                    environ[SENDING] = True
-                    yield b"".join(out)
-                environ[SENDING] = False
-                yield from waiting.then(rest, parser, it)
+                    yield out
+                yield from waiting.then(rest, batches)
                 return
             if out:
-                environ[SENDING] = True
-                yield b"".join(out)
-                environ[SENDING] = False
-        rest = parser.rest()
-        if rest:
-            yield rest
+                yield out
     finally:
-        close = getattr(pieces, "close", None)
+        close = getattr(batches, "close", None)
         if close is not None:
             close()

@@ -3,14 +3,14 @@
 `current_app.extensions["proxy"]` (create_app puts them there)."""
 from __future__ import annotations
 
-from flask import Blueprint, current_app, request
+from flask import Blueprint, current_app, g, request
 
 from common import guard
 from common.failures import reason
 from common.streaming import forward_headers, iter_upstream, relay
 
 from . import dialects
-from .activity import RECORD, noting_waits
+from .record import noting_waits
 
 bp = Blueprint("proxy", __name__)
 
@@ -64,7 +64,7 @@ def metrics():
 
 def _serving(d: dialects.Dialect):
     def view():
-        return dialects.handle(d, parts(), request)
+        return dialects.handle(d, parts(), request, g.record)
     return view
 
 
@@ -85,10 +85,12 @@ def passthrough(rest=None):
     r = parts()["upstream"].request(request.method, path, query=query,
                                     headers=forward_headers(request.headers),
                                     data=data or None, environ=request.environ)
-    if request.environ.get(RECORD) is not None and \
+    rec = g.record
+    rec.note_header(r.headers)
+    if rec.dialect is not None and \
             r.headers.get("content-type", "").startswith("text/event-stream"):
         # A listed request's stream (/v1/completions): its queue wait noted.
-        return relay(r, body=noting_waits(iter_upstream(r), request.environ))
+        return relay(r, body=noting_waits(iter_upstream(r), rec))
     return relay(r)
 
 

@@ -14,14 +14,13 @@ from typing import Callable, Iterator
 
 import requests
 
-from common import queuewait
 from common.disconnect import ClientGone, call_watching_client, sent_once_more
 from common.errors import ApiError
 from common.failures import classify, failure, reason
 from common.http1 import Client
 from common.streaming import headers_now, iter_body
 
-from .activity import note_wait, noting_waits
+from .record import Record, noting_waits
 
 log = logging.getLogger("proxy.upstream")
 
@@ -80,19 +79,18 @@ class Upstream:
             return failure(cause, f"upstream {self.base_url} "
                                   f"{_WHAT.get(cause, 'failed')}: {reason(e)} ({url})")
 
-        r = sent_once_more(send, environ, failed)
-        note_wait(environ, queuewait.from_header(r.headers.get(queuewait.HEADER)))
-        return r
+        return sent_once_more(send, environ, failed)
 
 
-def watched(resp: requests.Response, environ: dict | None) -> Iterator[bytes]:
+def watched(resp: requests.Response, environ: dict | None,
+            record: Record | None = None) -> Iterator[bytes]:
     """The body of a streamed answer; the reads that wait for its first byte
     watch the client (call_watching_client). A backend that sent its head is
     still prefilling then, and a gone client writes nothing that could fail:
     only the watch cuts the upstream. After the first byte every piece is
     written to the client, and a write to a gone client ends the stream. The
-    swapper's queue-wait comment is noted for the activity list (noting_waits)."""
-    return noting_waits(_watched(resp, environ), environ)
+    swapper's queue-wait comment is noted in the request's record (noting_waits)."""
+    return noting_waits(_watched(resp, environ), record)
 
 
 def _watched(resp: requests.Response, environ: dict | None) -> Iterator[bytes]:
@@ -108,14 +106,15 @@ def _watched(resp: requests.Response, environ: dict | None) -> Iterator[bytes]:
     yield from it
 
 
-def streamed(resp: requests.Response, environ: dict | None) -> Iterator[bytes]:
+def streamed(resp: requests.Response, environ: dict | None,
+             record: Record | None = None) -> Iterator[bytes]:
     """A streamed answer's body to relay (common.streaming.relay(resp, body=...)):
     its head at once (headers_now), its first byte awaited watching the client,
     the upstream closed at the end, whatever ends it."""
     try:
         if headers_now(resp):
             yield b""
-        yield from watched(resp, environ)
+        yield from watched(resp, environ, record)
     except ClientGone:
         pass
     finally:

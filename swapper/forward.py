@@ -30,7 +30,8 @@ from common.disconnect import ClientGone, sent_once_more
 from common.errors import ApiError, error_body
 from common.failures import classify, failure, message_of, reason, status_of
 from common.http1 import Client
-from common.sse import comment, emit, error_event
+from common.dialects import error_event
+from common.sse import comment, emit
 from common.streaming import (NO_BUFFERING, Relayed, answer_headers, forward_headers,
                               iter_upstream)
 

@@ -29,17 +29,16 @@ from flask import Response
 
 from common import guard, sse
 from common.dialects import WIRES, wire_of
-from common.errors import ApiError
 from common.failures import message_of
 from common.streaming import forward_headers, relay, sse_response
 
 from .. import agents
 from .. import normalize, progress
-from ..metrics import MODEL
 from ..search import rounds
 from ..search.engine import TOOL_NAME
 
-from ..upstream import Background, kept_alive, streamed, waited
+from ..search.rounds import as_is, backend_error
+from ..upstream import Background, kept_alive, streamed
 from .base import Dialect
 
 
@@ -58,12 +57,13 @@ ALL = _declared()
 BY_NAME = {d.name: d for d in ALL}
 
 
-def handle(d: Dialect, parts: dict, request) -> Response:
+def handle(d: Dialect, parts: dict, request, record) -> Response:
+    """Serve one request of dialect `d`; `record`: its record (proxy/record.py)."""
     settings, catalog = parts["settings"], parts["catalog"]
     raw = request.get_data()
     body = d.parse(raw)
     model = body.get("model") if isinstance(body.get("model"), str) else None
-    request.environ[MODEL] = model                   # for the metrics: no second parse
+    record.model = model                    # for the metrics: no second parse
     info = _Lazy(lambda: catalog.lookup(model))
     changed = d.progress.strip(body)        # our wait's progress: never the model's
     changed |= agents.fix(d, body, info())
@@ -83,6 +83,7 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     if tool is not None:
         ad = d.adapter(body, tool, parts, request)
         ad.names = names
+        ad.record = ad.searcher.record = record
         return _in_progress(d, body, rounds.serve(ad, stream), settings, request.environ)
 
     # nothing to change: the client's bytes, as they came
@@ -90,28 +91,34 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     data = guard.dumps(body) if changed else raw
 
     def call():         # may run beside the request: no `request` in here
-        return parts["upstream"].request("POST", d.wire.path, headers=headers, data=data,
-                                         stream=True, environ=environ, read_body=not stream)
+        r = parts["upstream"].request("POST", d.wire.path, headers=headers, data=data,
+                                      stream=True, environ=environ, read_body=not stream)
+        record.note_header(r.headers)
+        return r
     if not stream:
         r = call()
         if r.status_code >= 400:
-            return error_answer(r)
+            return as_is(r)
         content = d.straight_whole(r.content, names)
         r.close()
         return Response(content, status=r.status_code, headers=forward_headers(r.headers))
     interval = settings.KEEPALIVE_INTERVAL
+
+    def relayed(r):     # the backend's stream, kept alive while it prefills
+        return d.straight_stream(kept_alive(streamed(r, environ, record), interval,
+                                            sse.KEEPALIVE, r.close), body, names)
     task = Background(call)
     if not task.wait(interval):
         # No head from the backend yet (llama-server sends it with the first
-        # token, after the prefill): the stream starts now, kept alive.
-        return _in_progress(d, body, sse_response(_late(d, task, body, environ, interval,
-                                                        names)), settings, environ)
+        # token, after the prefill): the stream starts now, kept alive (the
+        # round loop's late start: its comments, its errors as the dialect's event).
+        return _in_progress(d, body, sse_response(rounds.late(
+            task, interval, lambda m, s, c: d.stream_error(m, s, c or "upstream_error"),
+            lambda raw, status: stream_failure(d, raw, status), relayed)), settings, environ)
     r = task.result()
     if r.status_code != 200:
-        return error_answer(r)
-    return _in_progress(d, body, relay(r, body=d.straight_stream(
-        kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body, names)),
-        settings, environ)
+        return as_is(r)
+    return _in_progress(d, body, relay(r, body=relayed(r)), settings, environ)
 
 
 def _in_progress(d: Dialect, body: dict, resp: Response, settings, environ) -> Response:
@@ -171,44 +178,11 @@ def _names_search(tc) -> bool:
     return (fn.get("name") if isinstance(fn, dict) else tc.get("name")) == TOOL_NAME
 
 
-def _late(d: Dialect, task, body, environ, interval, names):
-    """A stream whose backend had not answered its head within one keep-alive
-    interval: comments until it does, then its events, or its error as the
-    dialect's error event (the status is sent already)."""
-    yield sse.KEEPALIVE
-    try:
-        r = yield from waited(task, interval, sse.KEEPALIVE)
-    except ApiError as e:
-        if e.status != 499:               # a client gone hears nothing
-            yield d.stream_error(e.message, e.status, e.code or "upstream_error")
-        return
-    if r.status_code != 200:
-        status, raw = backend_error(r.status_code, r.content)
-        r.close()
-        yield d.stream_error(message_of(raw, status), status, error_code(raw))
-        return
-    yield from d.straight_stream(
-        kept_alive(streamed(r, environ), interval, sse.KEEPALIVE, r.close), body, names)
-
-
-def backend_error(status: int, raw: bytes) -> tuple[int, bytes]:
-    """A backend's error answer as the client gets it: one an agent can act on
-    (agents.backend_error: template exceptions, prompts over the context) is a
-    400 saying what to do; any other as it came."""
-    mapped = agents.backend_error(status, raw) if status >= 400 else None
-    return mapped if mapped is not None else (status, raw)
-
-
-def error_answer(r) -> Response:
-    """A backend's whole answer (an error: in the shape backend_error gives it;
-    the after-hook puts it in the dialect's shape: shaped)."""
-    content = r.content
-    r.close()
-    if r.status_code >= 400:
-        status, mapped = backend_error(r.status_code, content)
-        if mapped is not content:
-            return Response(mapped, status=status, mimetype="application/json")
-    return Response(content, status=r.status_code, headers=forward_headers(r.headers))
+def stream_failure(d: Dialect, raw: bytes, status: int) -> bytes:
+    """A backend's error answer to a stream that has begun, as the dialect's error
+    event (one an agent can act on as backend_error makes it)."""
+    status, raw = backend_error(status, raw)
+    return d.stream_error(message_of(raw, status), status, error_code(raw))
 
 
 def error_code(raw: bytes) -> str:

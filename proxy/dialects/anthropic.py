@@ -176,17 +176,18 @@ def _stop_reason(turn: Turn) -> str:
     return turn.finish
 
 
-def message_start(msg_id: str, model) -> bytes:
+def message_start(msg_id: str, model) -> dict:
     """An Anthropic stream's message_start: an empty assistant message, no usage yet."""
-    return event("message_start", {"type": "message_start", "message": {
+    return {"type": "message_start", "message": {
         "id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": 0, "output_tokens": 0}}})
+        "usage": {"input_tokens": 0, "output_tokens": 0}}}
 
 
-def with_message_start(chunks: Iterable[bytes], model) -> Iterator[bytes]:
-    """A Messages stream from the backend, made to begin with message_start
-    (relayed as it is, or read by the web_search rounds).
+def with_message_start(chunks: Iterable, model) -> sse.Body:
+    """A Messages stream from the backend (bytes, or an earlier stage's events),
+    made to begin with message_start (relayed as it is, or read by the web_search
+    rounds).
 
     llama-server now and then leaves it out of a short stream (its first tokens
     reach the stream writer together with the final result; seen 2 in 11 runs
@@ -195,32 +196,30 @@ def with_message_start(chunks: Iterable[bytes], model) -> Iterator[bytes]:
     or comes out empty. A stream that begins with an error stays as it is.
     Comments (the swapper's `: loading model` lines) pass at once; once the
     first event with data has been seen, the rest passes untouched."""
-    parser = sse.Parser()
-    chunks = iter(chunks)
-    for chunk in chunks:
-        if not chunk:
-            yield chunk          # the headers, now (common.streaming.headers_now)
-            continue
-        events = sse.split(parser.take(chunk))
-        for i, raw in enumerate(events):
-            ev = sse.parse_event(raw)
-            if ev is None or ev.data is None:
-                continue                          # a comment or a blank line
-            head = b"".join(events[:i])
-            try:                                  # one parse per stream: its first event
-                kind = ev.name or json.loads(ev.data).get("type")
-            except (ValueError, AttributeError):
-                kind = None
-            if kind not in ("message_start", "error"):
-                head += message_start(new_id("msg_"), model)
-            yield head + b"".join(events[i:]) + parser.pending()
-            yield from chunks
-            return
-        if events:
-            yield b"".join(events)
-    tail = parser.pending()
-    if tail:
-        yield tail
+    return sse.Body(_with_message_start(sse.events_of(chunks), model))
+
+
+def _with_message_start(batches, model) -> Iterator[list[sse.Event]]:
+    try:
+        for evs in batches:
+            for i, ev in enumerate(evs):
+                if ev.data is None:
+                    continue                      # a comment
+                kind = ev.name                    # one parse per stream at most: its first event
+                if not kind:
+                    obj = ev.json
+                    kind = obj.get("type") if isinstance(obj, dict) else None
+                if kind not in ("message_start", "error"):
+                    evs = evs[:i] + [sse.Event.of(message_start(new_id("msg_"), model),
+                                                  "message_start")] + evs[i:]
+                yield evs
+                yield from batches
+                return
+            yield evs
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
 
 
 def _grow(block: dict, key: str, piece: str | None) -> None:
@@ -597,63 +596,67 @@ class Progress(progress.Progress):
                                                         m.get("content") == [])]
         return changed
 
-    def tick(self, text: str) -> bytes:
-        out = b""
+    def tick(self, text: str) -> list[sse.Event]:
+        out = []
         if not self.opened:
             self.opened = True
-            out = sse.event("message_start", {"type": "message_start", "message": {
+            out.append(self.event({"type": "message_start", "message": {
                 "id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant",
                 "model": self.model, "content": [], "stop_reason": None,
-                "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}})
-            out += sse.event("content_block_start", {
+                "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}},
+                "message_start"))
+            out.append(self.event({
                 "type": "content_block_start", "index": 0,
-                "content_block": {"type": "thinking", "thinking": "", "signature": ""}})
+                "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
+                "content_block_start"))
             text = text or "waiting for the model"
         words = text + "\n" if text and text != self.last else ""
         if text:
             self.last = text
-        return out + sse.event("content_block_delta", {
+        out.append(self.event({
             "type": "content_block_delta", "index": 0,
-            "delta": {"type": "thinking_delta", "thinking": words}})
+            "delta": {"type": "thinking_delta", "thinking": words}}, "content_block_delta"))
+        return out
 
-    def then(self, first: list[bytes], parser: sse.Parser, it) -> Iterator[bytes]:
+    def then(self, first: list[sse.Event], batches) -> Iterator[list[sse.Event]]:
         """The backend's events after our block: its message_start left out (its usage
         kept for the message_delta), every block index one more; the events of each
         read in one write."""
         self.usage: dict = {}
-        yield (sse.event("content_block_delta", {
-            "type": "content_block_delta", "index": 0,
-            "delta": {"type": "signature_delta", "signature": progress.MARKER}})
-            + sse.event("content_block_stop", {"type": "content_block_stop", "index": 0})
-            + b"".join(map(self._moved, first)))
-        for piece in it:
-            whole = parser.take(piece)
-            if whole:
-                yield b"".join(map(self._moved, sse.split(whole)))
-        rest = parser.rest()
-        if rest:
-            yield self._moved(rest)
+        yield [self.event({"type": "content_block_delta", "index": 0,
+                           "delta": {"type": "signature_delta", "signature": progress.MARKER}},
+                          "content_block_delta"),
+               self.event({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+               *self._moved(first)]
+        for evs in batches:
+            moved = self._moved(evs)
+            if moved:
+                yield moved
 
-    def _moved(self, raw: bytes) -> bytes:
-        parsed = sse.json_event(raw)
-        if parsed is None:
-            return raw
-        ev, obj = parsed
-        kind = obj.get("type")
-        if kind == "message_start":
-            u = (obj.get("message") or {}).get("usage")
-            if isinstance(u, dict):
-                self.usage = {k: v for k, v in u.items() if k != "output_tokens"}
-            return b""
-        if kind in ("content_block_start", "content_block_delta", "content_block_stop") \
-                and isinstance(obj.get("index"), int):
-            obj["index"] += 1
-        elif kind == "message_delta" and self.usage:
-            u = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
-            obj["usage"] = {**self.usage, **{k: v for k, v in u.items() if v is not None}}
-        else:
-            return raw
-        return sse.event(ev.name or kind, obj)
+    def _moved(self, evs: list[sse.Event]) -> list[sse.Event]:
+        out = []
+        for ev in evs:
+            obj = ev.json
+            if not isinstance(obj, dict):
+                out.append(ev)
+                continue
+            kind = obj.get("type")
+            if kind == "message_start":
+                u = (obj.get("message") or {}).get("usage")
+                if isinstance(u, dict):
+                    self.usage = {k: v for k, v in u.items() if k != "output_tokens"}
+                continue
+            if kind in ("content_block_start", "content_block_delta", "content_block_stop") \
+                    and isinstance(obj.get("index"), int):
+                obj["index"] += 1
+            elif kind == "message_delta" and self.usage:
+                u = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+                obj["usage"] = {**self.usage, **{k: v for k, v in u.items() if v is not None}}
+            else:
+                out.append(ev)
+                continue
+            out.append(sse.Event.of(obj, ev.name or kind))
+        return out
 
 
 def _ours(block) -> bool:

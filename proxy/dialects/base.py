@@ -119,6 +119,7 @@ class Adapter:
     path = ""                   # the backend path
     call_prefix = ""            # of the ids the client sees for our calls ("": none)
     keepalive = b": keep-alive\n\n"
+    record = None               # the request's record (proxy/record.py)
 
     def __init__(self, body: dict, tool: dict, parts: dict, request):
         self.body = body
@@ -135,14 +136,18 @@ class Adapter:
             blocked=tool.get("blocked_domains") or filters.get("blocked_domains"))
 
     def call(self, stream: bool) -> requests.Response:
-        return self.upstream.request("POST", self.path, headers=self.headers,
-                                     data=guard.dumps(self.round_body(stream)), stream=stream,
-                                     environ=self.environ, read_body=not stream)
+        r = self.upstream.request("POST", self.path, headers=self.headers,
+                                  data=guard.dumps(self.round_body(stream)), stream=stream,
+                                  environ=self.environ, read_body=not stream)
+        if self.record is not None:
+            self.record.note_header(r.headers)
+        return r
 
     def body_of(self, resp: requests.Response):
         """A streamed answer's body, its first event awaited watching the client,
         with keep-alive comments while the backend prefills."""
-        return kept_alive(watched(resp, self.environ), self.settings.KEEPALIVE_INTERVAL,
+        return kept_alive(watched(resp, self.environ, self.record),
+                          self.settings.KEEPALIVE_INTERVAL,
                           sse.KEEPALIVE, resp.close)
 
     def fail_answer(self, raw: bytes, status: int) -> bytes:

@@ -507,13 +507,13 @@ class Progress(progress.Progress):
                      "model": body.get("model") or ""}
         self.opened = False
 
-    def tick(self, text: str) -> bytes:
+    def tick(self, text: str) -> list[sse.Event]:
         delta = {"content": ""}
         if not self.opened:
             self.opened = True
             delta = {"role": "assistant", "content": ""}
-        return sse.emit({**self.head, "choices": [
-            {"index": 0, "delta": delta, "finish_reason": None}]})
+        return [self.event({**self.head, "choices": [
+            {"index": 0, "delta": delta, "finish_reason": None}]})]
 
 
 DIALECT = Dialect(CHAT, parse=parse, system_prompt=system_prompt, search_tool=search_tool,

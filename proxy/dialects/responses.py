@@ -186,37 +186,34 @@ def renamed(obj: dict, names: dict) -> dict:
     return out
 
 
-def renamed_stream(chunks, names: dict):
-    """A Responses stream with the calls of flattened tools in Codex's shape."""
+def renamed_stream(chunks, names: dict) -> sse.Body:
+    """A Responses stream (bytes, or an earlier stage's events) with the calls of
+    flattened tools in Codex's shape: the events that name one remade, every other
+    one as it came."""
+    return sse.Body(_renamed(sse.events_of(chunks), names))
+
+
+def _renamed(batches, names: dict):
     keys = [n.encode() for n in names]
-    parser = sse.Parser()
-    for chunk in chunks:
-        whole = parser.take(chunk)
-        if not whole:
-            if not chunk:
-                yield chunk          # the headers, now
-            continue
-        if not any(k in whole for k in keys):
-            yield whole
-            continue
-        out = []
-        for raw in sse.split(whole):
-            ev = sse.parse_event(raw)
-            obj = None
-            if ev is not None and ev.data is not None and any(k in raw for k in keys):
-                try:
-                    obj = json.loads(ev.data)
-                except ValueError:
-                    obj = None
-            if isinstance(obj, dict):
-                new = renamed(obj, names)
-                out.append(raw if new is obj else event(ev.name or new.get("type", ""), new))
-            else:
-                out.append(raw)
-        yield b"".join(out)
-    rest = parser.rest()
-    if rest:
-        yield rest
+    try:
+        for evs in batches:
+            if any(k in ev.raw for ev in evs for k in keys):
+                evs = [_renamed_event(ev, names, keys) for ev in evs]
+            yield evs
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def _renamed_event(ev: sse.Event, names: dict, keys: list[bytes]) -> sse.Event:
+    if ev.data is None or not any(k in ev.raw for k in keys):
+        return ev
+    obj = ev.json
+    if not isinstance(obj, dict):
+        return ev
+    new = renamed(obj, names)
+    return ev if new is obj else sse.Event.of(new, ev.name or new.get("type", ""))
 
 
 def _input_item(item: dict) -> dict:
@@ -602,43 +599,39 @@ class Progress(progress.Progress):
                          "model": body.get("model") or "", "output": []}
         self.opened = False
 
-    def tick(self, text: str) -> bytes:
-        out = b""
+    def tick(self, text: str) -> list[sse.Event]:
+        out = []
         if not self.opened:
             self.opened = True
-            out = sse.event("response.created", {"type": "response.created",
-                                                  "response": self.response})
-        return out + sse.event("response.in_progress", {"type": "response.in_progress",
-                                                         "response": self.response})
+            out.append(self.event({"type": "response.created", "response": self.response},
+                                  "response.created"))
+        out.append(self.event({"type": "response.in_progress", "response": self.response},
+                              "response.in_progress"))
+        return out
 
-    def then(self, first: list[bytes], parser: sse.Parser, it) -> Iterator[bytes]:
+    def then(self, first: list[sse.Event], batches) -> Iterator[list[sse.Event]]:
         """The backend's events, its response.created left out (ours went first) and
         its lifecycle events (in_progress, completed, ...) under our response's id:
         the OpenAI SDK refuses a stream whose response changes identity."""
-        yield b"".join(map(self._ours, first))
-        for piece in it:
-            whole = parser.take(piece)
-            if whole:
-                yield b"".join(map(self._ours, sse.split(whole))) \
-                    if _LIFECYCLE.search(whole) else whole
-        rest = parser.rest()
-        if rest:
-            yield self._ours(rest)
+        yield self._ours(first)
+        for evs in batches:
+            ours = self._ours(evs)
+            if ours or not evs:
+                yield ours
 
-    def _ours(self, raw: bytes) -> bytes:
-        if not _LIFECYCLE.search(raw):
-            return raw
-        parsed = sse.json_event(raw)
-        if parsed is None:
-            return raw
-        ev, obj = parsed
-        kind = obj.get("type")
-        if kind == "response.created":
-            return b""
-        if not kind or not isinstance(obj.get("response"), dict):
-            return raw
-        obj["response"]["id"] = self.response["id"]
-        return sse.event(ev.name or kind, obj)
+    def _ours(self, evs: list[sse.Event]) -> list[sse.Event]:
+        out = []
+        for ev in evs:
+            obj = ev.json if _LIFECYCLE.search(ev.raw) else None
+            kind = obj.get("type") if isinstance(obj, dict) else None
+            if kind == "response.created":
+                continue
+            if not kind or not isinstance(obj.get("response"), dict):
+                out.append(ev)
+                continue
+            obj["response"]["id"] = self.response["id"]
+            out.append(sse.Event.of(obj, ev.name or kind))
+        return out
 
 
 _LIFECYCLE = re.compile(rb'"response\.(?:created|queued|in_progress|completed|failed|incomplete)"')

@@ -178,6 +178,7 @@ class Searcher:
         self.rounds = 0          # search rounds done
         self.searches = 0        # SearXNG requests made
         self.empty = 0           # of which came back with nothing usable
+        self.record = None       # the request's (proxy/record.py): told the rounds
 
     @property
     def budget_left(self) -> bool:
@@ -257,6 +258,8 @@ class Searcher:
 
     def done(self) -> None:
         self.metrics.rounds(self.rounds)
+        if self.record is not None:
+            self.record.rounds = self.rounds
 
     def exhausted_message(self) -> str:
         return (f"the web search budget is exhausted ({self.searches} searches ran, "

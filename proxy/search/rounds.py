@@ -53,7 +53,7 @@ def serve(ad, stream: bool) -> Response:
         raise
     if first.status_code != 200:
         ad.searcher.done()
-        return _as_is(first)
+        return as_is(first)
     return sse_response(_stream(ad, first))
 
 
@@ -64,9 +64,9 @@ def backend_error(status: int, raw: bytes) -> tuple[int, bytes]:
     return mapped if mapped is not None else (status, raw)
 
 
-def _as_is(r: requests.Response) -> Response:
+def as_is(r: requests.Response) -> Response:
     """An upstream's answer, as it came, or as backend_error makes it (an error:
-    the after-hook shapes it for /v1/messages)."""
+    the after-hook shapes it for /v1/messages). The straight path's too."""
     content = r.content
     r.close()
     status, mapped = backend_error(r.status_code, content)
@@ -75,36 +75,53 @@ def _as_is(r: requests.Response) -> Response:
     return Response(content, status=r.status_code, headers=forward_headers(r.headers))
 
 
-def _late(ad, task, interval: float) -> Iterator[bytes]:
-    """A stream whose first round had no head within one keep-alive interval:
-    comments until it comes (nothing of the dialect's is sent yet), then the rounds;
-    its error (or a refusal an agent can act on, backend_error) as the dialect's
-    error event, the status being sent already."""
-    first = None
+def late(task, interval: float, fail, failed, then) -> Iterator[bytes]:
+    """A stream whose head had not come within one keep-alive interval (the rounds'
+    first call, or the straight path's only one): comments until it comes (nothing
+    of the dialect's is sent yet), then `then(r)`, the answer. An error raised
+    meanwhile is `fail(message, status, code)` (a client gone hears nothing), an
+    error answer `failed(raw, status)`: the dialect's error event, the status being
+    sent already."""
+    yield KEEPALIVE
     try:
-        yield KEEPALIVE
+        r = yield from waited(task, interval, KEEPALIVE)
+    except ApiError as e:
+        if e.status != 499:                 # a client gone hears nothing
+            yield fail(e.message, e.status, e.code)
+        return
+    if r.status_code != 200:
         try:
-            first = yield from waited(task, interval, KEEPALIVE)
-        except ApiError as e:
-            if e.status != 499:             # a client gone hears nothing
-                yield ad.fail(e.message, e.status, e.code or "error")
-            return
-        if first.status_code != 200:
-            yield ad.fail_answer(first.content, first.status_code)
-            first.close()
-            first = None
-            return
+            raw = r.content
+        finally:
+            r.close()
+        yield failed(raw, r.status_code)
+        return
+    yield from then(r)
+
+
+def _late(ad, task, interval: float) -> Iterator[bytes]:
+    """The rounds of a stream whose first round had no head within one keep-alive
+    interval (late); its error (or a refusal an agent can act on, backend_error) as
+    the dialect's error event."""
+    streaming = False
+
+    def begun(first):
+        nonlocal streaming
+        streaming = True
+        return _stream(ad, first)
+    try:
+        yield from late(task, interval, lambda m, s, c: ad.fail(m, s, c or "error"),
+                        ad.fail_answer, begun)
     finally:
-        if first is None:
+        if not streaming:
             ad.searcher.done()              # else _stream's, at its end
-    yield from _stream(ad, first)
 
 
 def _whole(ad) -> Response:
     while True:
         r = ad.call(stream=False)
         if r.status_code != 200:
-            return _as_is(r)
+            return as_is(r)
         turn = ad.turn_of(r)
         if isinstance(turn, Response):
             return turn                 # an answer that needs nothing of ours

@@ -21,6 +21,7 @@ from common.disconnect import client_gone
 from common.errors import ApiError
 from proxy.activity import Activity
 from proxy.metrics import Metrics
+from proxy.record import Record
 from proxy.search.results import Sources
 from proxy.search.searxng import SearchOutcome
 from tests.support.servers import Scripted
@@ -123,9 +124,10 @@ def test_a_records_model_name_is_cut():
     with app.test_request_context("/v1/chat/completions", method="POST",
                                   json={"model": name, "messages": []}):
         request.get_data()
-        ring.begin(request.environ, "/v1/chat/completions")
-        resp = metrics.observe(Response(b"{}", mimetype="application/json"), request,
-                               time.perf_counter(), name)
+        rec = Record("/v1/chat/completions", Activity.dialect("/v1/chat/completions"),
+                     request.method, time.perf_counter())
+        rec.model = name
+        resp = metrics.observe(Response(b"{}", mimetype="application/json"), rec)
         resp.close()
     rec = ring.since(0)[0][0]
     assert len(rec["model"]) <= NAME_CHARS

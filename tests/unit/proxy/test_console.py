@@ -11,6 +11,7 @@ from flask import Flask, Response, request
 from proxy.activity import Activity
 from proxy.app import create_app
 from proxy.metrics import Metrics
+from proxy.record import Record
 from proxy.settings import Settings
 
 USAGE = {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
@@ -40,16 +41,15 @@ def test_page_and_assets_public_data_behind_the_key():
 def test_ring_is_bounded_and_incremental():
     ring = Activity(size=5)
     for i in range(12):
-        env: dict = {}
-        ring.begin(env, "/v1/chat/completions")
-        ring.record({**env["coding_stack.activity"], "n": i})
+        ring.add({"dialect": Activity.dialect("/v1/chat/completions"), "n": i})
     entries, newest = ring.since(0)
     assert [e["n"] for e in entries] == [7, 8, 9, 10, 11] and newest == 12
     assert [e["seq"] for e in ring.since(10)[0]] == [11, 12]
     assert ring.since(12) == ([], 12)
-    env = {}
-    ring.begin(env, "/running")                     # not a model request: not listed
-    assert env == {}
+    rec = Record("/running", Activity.dialect("/running"), "GET")
+    rec.end()
+    ring.record(rec)                                # not a model request: not listed
+    assert rec.dialect is None and ring.since(0)[1] == 12
 
 
 def observed(body: bytes, stream: bool, rounds: int | None = None) -> list[dict]:
@@ -60,12 +60,15 @@ def observed(body: bytes, stream: bool, rounds: int | None = None) -> list[dict]
     with flask_app.test_request_context("/v1/chat/completions", method="POST",
                                         json={"model": "tiny-a", "messages": []}):
         request.get_data()
-        ring.begin(request.environ, "/v1/chat/completions")
+        rec = Record("/v1/chat/completions", Activity.dialect("/v1/chat/completions"),
+                     request.method, time.perf_counter())
+        rec.model = "tiny-a"
         if rounds is not None:
             metrics.rounds(rounds)                  # the search loop, in the request
+            rec.rounds = rounds
         mimetype = "text/event-stream" if stream else "application/json"
         resp = Response(iter([body]) if stream else body, mimetype=mimetype)
-        resp = metrics.observe(resp, request, time.perf_counter(), "tiny-a")
+        resp = metrics.observe(resp, rec)
         if resp.is_streamed:
             for _ in resp.response:
                 pass

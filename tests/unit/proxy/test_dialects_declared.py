@@ -43,7 +43,9 @@ def test_every_dialect_has_every_part(d):
     assert issubclass(d.progress, progress.Progress)
     assert d.progress.tick is not progress.Progress.tick
     # its progress events are events with data, which agents' timers count
-    tick = d.progress({"model": "m"}).tick("loading")
+    events = d.progress({"model": "m"}).tick("loading")
+    assert events and all(ev.progress for ev in events)    # not the answer's first token
+    tick = b"".join(sse.write([events]))                      # as the writer sends them
     assert tick.endswith(b"\n\n") and b"data: {" in tick
 
 
@@ -73,7 +75,7 @@ def test_the_readers_are_built_from_the_declarations():
             assert intake._CONVERSATION[route] == key
         assert wires.wire_of(w.path) is w
         if w.error_event is not None:
-            assert sse.error_event(w.path, "m", 500, "c") == w.error_event("m", 500, "c")
+            assert wires.error_event(w.path, "m", 500, "c") == w.error_event("m", 500, "c")
     for alias in (p for d in dialects.ALL for p in d.paths[1:]):
         assert routes._unaliased(alias + "/x").endswith("/x")
 

@@ -5,7 +5,7 @@ import copy
 import json
 
 from common import sse
-from proxy import progress
+from proxy import normalize, progress
 from proxy.dialects import BY_NAME
 
 WAIT = [b"", b": loading model m (3 s), ~10 s left\n\n", b": keep-alive\n\n",
@@ -40,6 +40,20 @@ def test_a_stream_that_did_not_wait_passes_byte_for_byte():
     for dialect, pieces in (("messages", MESSAGES),
                             ("chat", [b'data: {"choices":[]}\n\n', b"data: [DONE]\n\n"])):
         assert run(dialect, pieces) == b"".join(pieces)
+
+
+def test_an_event_an_earlier_stage_remade_is_no_wait():
+    """The chat relay's reasoning mirror remakes the events carrying reasoning
+    (proxy/normalize.py): a stream that did not wait and opens with one gets no
+    progress (a remade event is data, not a comment)."""
+    think = b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"hm"}}]}\n\n'
+    rest = [b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n',
+            b"data: [DONE]\n\n"]
+    out = b"".join(progress.kept_in_progress(
+        BY_NAME["chat"].progress, {"model": "m"}, normalize.normalize_sse(iter([think] + rest))))
+    mirrored = b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"hm",' \
+        b'"reasoning":"hm"}}]}\n\n'
+    assert out == mirrored + b"".join(rest)
 
 
 def test_messages_progress_is_a_thinking_block_the_answer_shifted_after_it():

@@ -7,7 +7,11 @@ import pytest
 from flask import Flask, Response, request
 
 from common.metrics import exposition
+from common.sse import event as sse_event
+from proxy import progress
+from proxy.dialects import BY_NAME
 from proxy.metrics import Metrics, route_label
+from proxy.record import Record
 from tests.support.metrics import Scrape, record_labels
 
 APP = Flask("t")
@@ -31,17 +35,28 @@ CHAT_STREAM = sse(chunk("a"), chunk("b"), chunk("c"),
                   {"choices": [], "model": "/models/x.gguf", "usage": USAGE})
 
 
+def observe(metrics, resp, request, t0):
+    """The app's hooks around an answer: the request's record (its model not read by
+    a handler: the metrics read it from the body), then the metrics."""
+    rec = Record(route_label(request.path), None, request.method, t0)
+    rec.body = request.get_data()
+    return metrics.observe(resp, rec)
+
+
 def run(metrics, body_parts, *, path="/v1/chat/completions", status=200, stream=True,
-        request_json=None, mimetype=None):
+        request_json=None, mimetype=None, stages=None):
+    """`stages`: what makes the client's stream of the backend's pieces (the
+    dialect's stages, proxy/dialects: their events, not bytes, reach the metrics)."""
     mimetype = mimetype or ("text/event-stream" if stream else "application/json")
     with APP.test_request_context(path, method="POST",
                                   json=request_json or {"model": "tiny", "messages": []}):
         request.get_data()                       # as the handlers do
         if stream:
-            resp = Response(iter(body_parts), status=status, mimetype=mimetype)
+            body = stages(iter(body_parts)) if stages else iter(body_parts)
+            resp = Response(body, status=status, mimetype=mimetype)
         else:
             resp = Response(b"".join(body_parts), status=status, mimetype=mimetype)
-        resp = metrics.observe(resp, request, 0.0)
+        resp = observe(metrics, resp, request, 0.0)
         if resp.is_streamed:
             for _ in resp.response:
                 pass
@@ -95,6 +110,74 @@ def test_anthropic_stream_and_responses_json():
     assert s.value("proxy_requests_total", route="/v1/messages", status="200") == 1
 
 
+def staged(dialect: str):
+    """The straight path's stages of `dialect` on a streamed answer, as
+    proxy/dialects.handle puts them: its straight relay, then the wait's progress."""
+    d = BY_NAME[dialect]
+    body = {"model": "tiny", "stream": True}
+    return lambda pieces: progress.kept_in_progress(
+        d.progress, body, d.straight_stream(pieces, body, {}))
+
+
+# The swapper's comments before a stream that waited (a load, its queue wait).
+WAITED = [b"", b": loading model tiny (2 s), ~3 s left\n\n", b": queue-wait 2.500\n\n"]
+
+
+def named(obj: dict) -> bytes:
+    return sse_event(obj["type"], obj)
+
+
+def test_a_stream_that_waited_counts_the_usage_its_stages_remade():
+    """A waited stream's progress stage remakes some of the backend's events
+    (Responses: its lifecycle events under our response's id, the usage in
+    response.completed; Messages: the blocks renumbered, the usage in message_delta):
+    the record reads them as the data events they are, not as comments (the
+    failure of test_metrics.py::test_streamed_dialects_count_their_usage)."""
+    m = Metrics()
+    usage = {"input_tokens": 33, "output_tokens": 4, "total_tokens": 37}
+    responses = WAITED + [
+        named({"type": "response.created", "response": {"id": "resp_b", "status": "in_progress"}})
+        + named({"type": "response.output_text.delta", "delta": "Hi"}),
+        named({"type": "response.completed", "response": {
+            "id": "resp_b", "status": "completed", "model": "/m.gguf", "usage": usage}})]
+    s = run(m, responses, path="/v1/responses", stages=staged("responses"))
+    assert s.value("proxy_prompt_tokens_total", model="tiny") == 33
+    assert s.value("proxy_completion_tokens_total", model="tiny") == 4
+    assert s.value("proxy_time_to_first_token_seconds_count", model="tiny") == 1
+    messages = WAITED + [
+        named({"type": "message_start", "message": {"model": "/m.gguf", "usage": {
+            "input_tokens": 1, "cache_read_input_tokens": 32, "output_tokens": 0}}}),
+        named({"type": "content_block_start", "index": 0,
+               "content_block": {"type": "text", "text": ""}})
+        + named({"type": "content_block_delta", "index": 0,
+                 "delta": {"type": "text_delta", "text": "Hi"}}),
+        named({"type": "content_block_stop", "index": 0})
+        + named({"type": "message_delta", "delta": {"stop_reason": "max_tokens"},
+                 "usage": {"output_tokens": 4}})
+        + named({"type": "message_stop"})]
+    s = run(m, messages, path="/v1/messages", stages=staged("messages"))
+    assert s.value("proxy_prompt_tokens_total", model="tiny") == 33 + 33
+    assert s.value("proxy_completion_tokens_total", model="tiny") == 4 + 4
+    assert s.value("proxy_time_to_first_token_seconds_count", model="tiny") == 2
+
+
+def test_a_mirrored_reasoning_delta_is_the_first_token(monkeypatch):
+    """The chat relay's reasoning mirror remakes the events that carry reasoning:
+    the first of them is the answer's first token."""
+    read = []
+    real = Record.event
+    monkeypatch.setattr(Record, "event", lambda self, ev, now: read.append(ev.raw) or
+                        real(self, ev, now))
+    think = {"choices": [{"index": 0, "delta": {"reasoning_content": "hm"}}],
+             "model": "/models/x.gguf"}
+    s = run(Metrics(), [b"data: " + json.dumps(think).encode() + b"\n\n", CHAT_STREAM],
+            stages=staged("chat"))
+    assert json.loads(read[0][len(b"data: "):])["choices"][0]["delta"] == {
+        "reasoning_content": "hm", "reasoning": "hm"}, "the mirrored event read first"
+    assert s.value("proxy_time_to_first_token_seconds_count", model="tiny") == 1
+    assert s.value("proxy_prompt_tokens_total", model="tiny") == 33
+
+
 def test_streamed_json_answer_and_errors_not_counted():
     m = Metrics()
     body = json.dumps({"model": "x", "choices": [], "usage": USAGE}).encode()
@@ -138,17 +221,17 @@ def test_a_bookkeeping_bug_never_breaks_the_answer(monkeypatch):
     def broken(self, *a):
         raise RuntimeError("metrics bug")
 
-    monkeypatch.setattr(pm._Answer, "event", broken)
-    monkeypatch.setattr(pm._Answer, "done", broken)
+    monkeypatch.setattr(Record, "event", broken)
+    monkeypatch.setattr(pm.Metrics, "_ended", broken)
     m = Metrics()
     with APP.test_request_context("/v1/chat/completions", method="POST", json={"model": "t"}):
         request.get_data()
-        resp = m.observe(Response(iter(split_every(CHAT_STREAM, 7)),
-                                  mimetype="text/event-stream"), request, 0.0)
+        resp = observe(m, Response(iter(split_every(CHAT_STREAM, 7)),
+                                   mimetype="text/event-stream"), request, 0.0)
         assert b"".join(resp.response) == CHAT_STREAM
         resp.response.close()
-        resp = m.observe(Response(json.dumps({"usage": USAGE}), mimetype="application/json"),
-                         request, 0.0)
+        resp = observe(m, Response(json.dumps({"usage": USAGE}), mimetype="application/json"),
+                       request, 0.0)
         assert resp.get_json() == {"usage": USAGE}
         resp.close()
     s = Scrape(exposition(m.collectors).decode())
@@ -174,27 +257,27 @@ def test_an_answer_leaves_before_the_metrics_read_it(monkeypatch):
     """What the metrics read of an answer (its events parsed, its usage, the
     histograms) is read once that piece has gone to the client: never between
     the backend's token and the client."""
-    from proxy import metrics as pm
     read = []
-    real = pm._Answer.event
-    monkeypatch.setattr(pm._Answer, "event", lambda self, ev, now: read.append(ev.raw) or
+    real = Record.event
+    monkeypatch.setattr(Record, "event", lambda self, ev, now: read.append(ev.raw) or
                         real(self, ev, now))
     m = Metrics()
     pieces = split_every(CHAT_STREAM, 40)
     with APP.test_request_context("/v1/chat/completions", method="POST", json={"model": "t"}):
         request.get_data()
-        stream = m.observe(Response(iter(pieces), mimetype="text/event-stream"), request, 0.0)
+        stream = observe(m, Response(iter(pieces), mimetype="text/event-stream"), request,
+                         0.0)
         it = iter(stream.response)
-        ends = CHAT_STREAM.index(b"\n\n") // 40            # the piece the first event ends in
-        for k in range(ends + 1):
-            assert next(it) == pieces[k]
+        # the reader hands on each read's whole events: the first event's bytes
+        first = next(it)
+        assert first == CHAT_STREAM[:len(first)] and first.endswith(b"\n\n")
         assert read == []                                    # out, not yet read
         next(it)
         assert read and read[0].startswith(b"data: {")
         list(it)
         stream.response.close()
-        whole = m.observe(Response(json.dumps({"usage": USAGE}), mimetype="application/json"),
-                          request, 0.0)
+        whole = observe(m, Response(json.dumps({"usage": USAGE}),
+                                    mimetype="application/json"), request, 0.0)
         before = Scrape(exposition(m.collectors).decode())
         whole.close()                                        # the server has sent it
     after = Scrape(exposition(m.collectors).decode())

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from common import queuewait
-from proxy.activity import RECORD, note_wait, noting_waits
+from proxy.record import Record, noting_waits
 from proxy.app import create_app as proxy_app
 from proxy.settings import Settings as ProxySettings
 from swapper.app import create_app as swapper_app
@@ -112,15 +112,15 @@ def test_wait_pieces_parsed_summed_and_only_before_the_first_event():
     assert queuewait.from_header("0.012") == 0.012
     for bad in (None, "", "soon", "-1", "nan"):
         assert queuewait.from_header(bad) is None
-    env = {RECORD: {}}
+    rec = Record("/v1/chat/completions", "chat")
     pieces = [b": loading\n\n", queuewait.comment(2.0) + b"data: {}\n\n",
               queuewait.comment(9.0)]          # after the first event: the model's bytes
-    assert list(noting_waits(pieces, env)) == pieces
-    assert env[RECORD]["queue_wait"] == 2.0
-    note_wait(env, 0.5)                           # another search round's
-    note_wait(env, None)
-    assert env[RECORD]["queue_wait"] == 2.5
-    assert list(noting_waits(pieces, {})) == pieces    # not a listed request
+    assert list(noting_waits(pieces, rec)) == pieces
+    assert rec.queue_wait == 2.0
+    rec.note_wait(0.5)                            # another search round's
+    rec.note_wait(None)
+    assert rec.queue_wait == 2.5
+    assert list(noting_waits(pieces, None)) == pieces    # no record
 
 
 def test_a_passed_through_stream_that_waited():

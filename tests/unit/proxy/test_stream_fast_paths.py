@@ -382,7 +382,7 @@ def test_a_native_messages_stream_begins_with_message_start_however_it_is_cut(wi
 
 def test_comments_before_the_first_event_pass_at_once():
     from proxy.dialects.anthropic import with_message_start
-    gen = with_message_start(iter([b": loading model m (1 s)\n\n", b": loading model m (2 s)\n\n"]), "m")
+    gen = iter(with_message_start(iter([b": loading model m (1 s)\n\n", b": loading model m (2 s)\n\n"]), "m"))
     assert next(gen) == b": loading model m (1 s)\n\n"
     assert next(gen) == b": loading model m (2 s)\n\n"
 
@@ -392,3 +392,22 @@ def test_a_stream_that_begins_with_an_error_stays_as_it_is():
     err = (b'event: error\ndata: {"type":"error","error":{"type":"api_error",'
            b'"message":"boom"}}\n\n')
     assert b"".join(with_message_start([err], "m")) == err
+
+
+def test_a_responses_stream_renames_the_flattened_calls_however_it_is_cut():
+    """Codex's namespace tools (responses.flatten): the events that carry a call of
+    one are remade in Codex's shape, every other event passes byte for byte."""
+    from proxy.dialects.responses import renamed_stream
+    delta = sse.event("response.output_text.delta",
+                      {"type": "response.output_text.delta", "delta": "ok"})
+    call = {"type": "function_call", "call_id": "c1", "name": "ns__run", "arguments": "{}"}
+    done = sse.event("response.output_item.done",
+                     {"type": "response.output_item.done", "output_index": 0, "item": call})
+    whole = b": keep-alive\n\n" + delta + done + sse.DONE
+    for cut in range(1, len(whole)):
+        out = b"".join(renamed_stream([b"", whole[:cut], whole[cut:]], {"ns__run": ("ns", "run")}))
+        assert out.startswith(b": keep-alive\n\n" + delta) and out.endswith(sse.DONE), cut
+        evs = [e for e in sse.events(out) if e.data is not None and not e.is_done]
+        assert [e.name for e in evs] == ["response.output_text.delta",
+                                         "response.output_item.done"]
+        assert json.loads(evs[1].data)["item"] == {**call, "name": "run", "namespace": "ns"}
