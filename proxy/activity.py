@@ -31,6 +31,7 @@ RING_SIZE = 200
 DIALECTS = {**{w.path: w.name for w in WIRES},
             "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 
+KEY = "coding_stack.key"                  # keys.auth.KEY: the request's key
 RECORD = "coding_stack.activity"          # the request's open record (metrics.ACTIVITY)
 _current: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
     "coding_stack_activity", default=None)
@@ -51,6 +52,9 @@ class Activity:
             return
         rec = {"time": round(self._clock(), 3), "dialect": dialect,
                "method": environ.get("REQUEST_METHOD")}
+        key = environ.get(KEY)
+        if key is not None:
+            rec["key"] = key.name           # the request's key (proxy/keys/auth.py)
         environ[RECORD] = rec
         _current.set(rec)
 

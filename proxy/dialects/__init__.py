@@ -34,6 +34,7 @@ from common.failures import message_of
 from common.streaming import forward_headers, relay, sse_response
 
 from .. import normalize, progress
+from ..keys.auth import check_model
 from ..metrics import MODEL
 from ..search import rounds
 from ..search.engine import TOOL_NAME
@@ -71,6 +72,7 @@ def handle(d: Dialect, parts: dict, request) -> Response:
     body = d.parse(raw)
     model = body.get("model") if isinstance(body.get("model"), str) else None
     request.environ[MODEL] = model                   # for the metrics: no second parse
+    check_model(request.environ, model, catalog)     # the key's scope (403)
     info = _Lazy(lambda: catalog.lookup(model))
     changed = d.progress.strip(body)        # our wait's progress: never the model's
     changed |= bool(agents and agents.fix(d.name, body, info()))
