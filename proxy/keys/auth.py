@@ -9,8 +9,9 @@ Order of a request at the door, before its body is read:
    refused (429, Retry-After) without its key being looked at.
 3. `API_KEY`, when set and sent, passes as an admin (identity `@api-key`): the
    database is not asked.
-4. The store has no active key: the door is what it was without a store (open,
-   or API_KEY's 401). A key is looked up by its token's digest; both answers
+4. A token is looked up by its digest: a key passes. Otherwise, when the store
+   has never had a key, the door is what it was without a store (open, or
+   API_KEY's 401); revoking the last key does not reopen it. The store's answers
    are cached per worker for at most CACHE_SECONDS (1 s): a revoked key is
    refused within a second on every worker.
 5. No key, or one the store does not know: 401 (counted against the address).
@@ -143,11 +144,13 @@ class KeyAuth:
             environ[KEY] = API_KEY_IDENTITY
             return self.app(environ, start_response)
         try:
-            if not self.cache.has_keys():
+            # A key first: one made a moment ago passes on a worker that still
+            # holds "no keys yet" (its token is new to this worker's cache).
+            key = self.cache.by_token(token) if token else None
+            if key is None and not self.cache.has_keys():
                 if self.api_key:
                     return self._unauthorized(environ, start_response, addr)
                 return self.app(environ, start_response)
-            key = self.cache.by_token(token) if token else None
         except StoreDown as e:
             return self._down(environ, start_response, e)
         if key is None:

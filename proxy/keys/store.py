@@ -101,7 +101,8 @@ class Store:
         raise NotImplementedError
 
     def has_keys(self) -> bool:
-        """Whether any active key exists (none: the door works as without a store)."""
+        """Whether any key was ever made, revoked ones included (none: the door works
+        as without a store). Revoking the last key never opens the door."""
         raise NotImplementedError
 
     def admit(self, key: Key) -> str | None:
@@ -304,7 +305,7 @@ class SqlStore(Store):
 
     def has_keys(self):
         return self._run(lambda cur: self._x(
-            cur, "SELECT 1 FROM keys WHERE revoked IS NULL LIMIT 1").fetchone() is not None)
+            cur, "SELECT 1 FROM keys LIMIT 1").fetchone() is not None)
 
     # -------------------------------------------------------------- limits
     def _usage(self, cur, key: Key, now: float) -> Usage:
