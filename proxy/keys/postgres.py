@@ -2,24 +2,22 @@
 share keys and their limits (the fleet: every stack checks the same keys
 itself, so the router passes them through; docs/keys.md). Driver: psycopg 3.
 
-A few connections per process are kept (a small LIFO pool, none shared between
-two greenlets at once); one that failed is dropped, so when the database comes
-back the next operation connects again. Connecting gives up after
+A few connections per process are kept (store.SqlStore's pool); one that
+failed is dropped, so when the database comes back the next operation connects
+again. Connecting gives up after
 CONNECT_TIMEOUT seconds: an unreachable database is a quick 503, not a hang.
 An admission locks its key's row (SELECT ... FOR UPDATE) for the transaction,
-so two proxies cannot both take a key's last slot."""
+so two proxies cannot both take a key's last slot. Under gunicorn's gevent
+worker psycopg sees gevent's monkey-patching and waits cooperatively."""
 from __future__ import annotations
 
-import queue
 import time
-from contextlib import contextmanager
 
 import psycopg
 
 from .store import SqlStore
 
 CONNECT_TIMEOUT = 2
-POOL = 4
 
 
 class PostgresStore(SqlStore):
@@ -46,27 +44,9 @@ class PostgresStore(SqlStore):
     def __init__(self, url: str, clock=time.time):
         super().__init__(clock)
         self.url = url
-        self._idle: queue.LifoQueue = queue.LifoQueue(maxsize=POOL)
 
-    @contextmanager
-    def _conn(self):
-        try:
-            conn = self._idle.get_nowait()
-        except queue.Empty:
-            conn = psycopg.connect(self.url, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
-        ok = False
-        try:
-            yield conn
-            ok = True
-        finally:
-            if ok and not conn.closed:
-                try:
-                    self._idle.put_nowait(conn)
-                    conn = None
-                except queue.Full:
-                    pass
-            if conn is not None:
-                conn.close()
+    def _connect(self):
+        return psycopg.connect(self.url, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
 
     def _create(self, cur) -> None:
         cur.execute("BEGIN")
@@ -78,10 +58,3 @@ class PostgresStore(SqlStore):
         cur.execute("BEGIN")
         if key_id is not None:
             cur.execute("SELECT id FROM keys WHERE id = %s FOR UPDATE", (key_id,))
-
-    def close(self) -> None:
-        while True:
-            try:
-                self._idle.get_nowait().close()
-            except queue.Empty:
-                return

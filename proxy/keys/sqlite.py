@@ -3,14 +3,16 @@
 gives its -wal and -shm files the same mode), in WAL mode (readers never wait
 for the writer); every gunicorn worker and the CLI open it on their own, and a
 write transaction takes SQLite's write lock at its start (BEGIN IMMEDIATE), so
-two processes' admissions never interleave. A connection per operation: opening
-one costs tens of microseconds, and nothing is shared between greenlets."""
+two processes' admissions never interleave. Connections are kept open (the
+store's small pool): closing a database's last connection checkpoints the WAL
+with an fsync (~10 ms an operation on the test machine; ~0.3 ms with them
+kept). The sqlite3 calls do not yield to gevent; each transaction is a few
+statements."""
 from __future__ import annotations
 
 import os
 import sqlite3
 import time
-from contextlib import contextmanager
 
 from .store import SqlStore
 
@@ -39,18 +41,19 @@ class SqliteStore(SqlStore):
         super().__init__(clock)
         self.path = path
 
-    @contextmanager
-    def _conn(self):
+    def _connect(self):
         if not os.path.exists(self.path):
             folder = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(folder, exist_ok=True)
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-        # isolation_level=None: transactions are ours (BEGIN / BEGIN IMMEDIATE).
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None)
-        try:
-            yield conn
-        finally:
-            conn.close()
+        # isolation_level=None: transactions are ours (BEGIN / BEGIN IMMEDIATE);
+        # check_same_thread=False: the pool hands it to one greenlet at a time.
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None,
+                               check_same_thread=False)
+        # WAL with synchronous=NORMAL: a commit does not wait for fsync; the file
+        # stays consistent, and a power cut may lose the last counts only.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
 
     def _create(self, cur) -> None:
         cur.execute("PRAGMA journal_mode=WAL")

@@ -33,6 +33,7 @@ import hashlib
 import hmac
 import json
 import logging
+import queue
 import secrets
 import threading
 import time
@@ -48,6 +49,7 @@ log = logging.getLogger("proxy.keys")
 TOKEN_PREFIX = "cs-"
 HEARTBEAT = 5.0         # seconds between a process's "alive" marks
 STALE = 30.0            # a process not seen for this long holds no lease
+POOL = 4                # idle connections kept per process
 
 FIELDS = ("role", "models", "max_concurrent", "rpm", "tokens_per_day", "weight")
 
@@ -172,11 +174,45 @@ class SqlStore(Store):
         self._ready_lock = threading.Lock()
         self._unreleased: set[str] = set()
         self._beating = False
+        self._idle: queue.LifoQueue = queue.LifoQueue(maxsize=POOL)
 
     # -------------------------------------------------------------- plumbing
+    def _connect(self):
+        """A new DB-API connection, in autocommit mode (transactions are ours)."""
+        raise NotImplementedError
+
     @contextmanager
     def _conn(self) -> Iterator:
-        raise NotImplementedError
+        """A connection of this process's small pool (LIFO, none shared between two
+        greenlets at once); one that failed is closed, so a database that comes
+        back is connected to again."""
+        try:
+            conn = self._idle.get_nowait()
+        except queue.Empty:
+            conn = self._connect()
+        ok = False
+        try:
+            yield conn
+            ok = True
+        finally:
+            if ok:
+                try:
+                    self._idle.put_nowait(conn)
+                    conn = None
+                except queue.Full:
+                    pass
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:  # noqa: BLE001 - it is gone anyway
+                    pass
+
+    def close(self) -> None:
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
 
     def _lock(self, cur, key_id: int | None) -> None:
         """Begin a write transaction holding the lock `admit` needs."""
@@ -186,8 +222,11 @@ class SqlStore(Store):
         return q if self.MARK == "?" else q.replace("?", self.MARK)
 
     def _run(self, fn, write: bool = False, key_id: int | None = None):
-        """fn(cursor) in a transaction; StoreDown for any database failure."""
+        """fn(cursor) in a transaction; StoreDown for any database failure. An
+        answer fn raises on purpose (Limited, UnknownKey, ValueError) rolls back
+        and keeps the connection."""
         self._ensure_schema()
+        answer = None
         try:
             with self._conn() as conn:
                 cur = conn.cursor()
@@ -197,17 +236,19 @@ class SqlStore(Store):
                     cur.execute("BEGIN")
                 try:
                     out = fn(cur)
+                except (Limited, UnknownKey, ValueError) as e:
+                    conn.rollback()
+                    answer = e
                 except BaseException:
                     conn.rollback()
                     raise
-                conn.commit()
-                return out
-        except (Limited, UnknownKey, ValueError):
-            raise
-        except StoreDown:
-            raise
+                else:
+                    conn.commit()
         except Exception as e:  # noqa: BLE001 - any driver error is the database's
             raise StoreDown(f"{type(e).__name__}: {e}") from e
+        if answer is not None:
+            raise answer
+        return out
 
     def _ensure_schema(self) -> None:
         if self._ready:
