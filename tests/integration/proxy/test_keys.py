@@ -7,6 +7,8 @@ released when the client hangs up mid-stream, API_KEY unchanged, and the
 database down: 503, then back by itself."""
 from __future__ import annotations
 
+import concurrent.futures as cf
+import contextlib
 import os
 import subprocess
 import sys
@@ -52,12 +54,16 @@ def stack(pg, tmp_path_factory):
     # (tests/unit/proxy/test_keys_door.py tests it).
     common = dict(WEB_SEARCH=0, MODELS_TTL=0, SYSTEM_PROMPT="", PROXY_WORKERS=2,
                   KEEPALIVE_INTERVAL=0.2, AUTH_FAILURES_PER_MINUTE=100000)
-    with ScriptedChat(models=MODELS) as chat, \
-            ProxyProcess(BACKEND_URL=chat.url, KEYS_DATABASE_URL=pg.url, API_KEY=ADMIN,
-                         **common) as a, \
-            ProxyProcess(BACKEND_URL=chat.url, KEYS_DATABASE_URL=pg.url, API_KEY=ADMIN,
-                         **common) as b, \
-            ProxyProcess(BACKEND_URL=chat.url, KEYS_DB=db, **common) as s:
+    with ScriptedChat(models=MODELS) as chat, contextlib.ExitStack() as stop:
+        procs = [ProxyProcess(BACKEND_URL=chat.url, KEYS_DATABASE_URL=pg.url, API_KEY=ADMIN,
+                              **common) for _ in range(2)]
+        procs.append(ProxyProcess(BACKEND_URL=chat.url, KEYS_DB=db, **common))
+        def each(fn):                                 # side by side: CI time
+            with cf.ThreadPoolExecutor(len(procs)) as ex:
+                list(ex.map(fn, procs))
+        stop.callback(each, lambda p: p.stop())
+        each(lambda p: p.start())
+        a, b, s = procs
         yield dict(chat=chat, a=a, b=b, s=s, db=db)
 
 
@@ -160,6 +166,28 @@ def test_a_crashed_processs_leases_stop_counting(two):
     assert other.usage(key).in_flight == 1
     other.release(lease)
     assert s.usage(key).in_flight == 0
+
+
+def test_a_release_the_outage_refused_is_retried(pg):
+    """A request ends while PostgreSQL is down: its slot is freed once it is back
+    (the heartbeat retries the release), never held for good."""
+    clock = Clock(T0)
+    s = PostgresStore(pg.url.rsplit("/", 1)[0] + "/contract", clock=clock)
+    try:
+        key, _ = s.create("erin", max_concurrent=1)
+        lease = s.admit(key)
+        pg.stop()
+        try:
+            s.release(lease)                           # logged, kept for the heartbeat
+            with pytest.raises(StoreDown):
+                s.admit(key)
+        finally:
+            pg.start()
+        assert s.usage(key).in_flight == 1
+        s.beat()
+        assert s.usage(key).in_flight == 0 and s.admit(key) is not None
+    finally:
+        s.close()
 
 
 # ------------------------------------------------------------ the real proxies
