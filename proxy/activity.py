@@ -24,6 +24,8 @@ from typing import Iterable, Iterator
 from common import queuewait
 from common.dialects import WIRES
 
+from .keys.auth import KEY              # the request's key (proxy/keys/auth.py)
+
 RING_SIZE = 200
 
 # The routes whose requests are listed (the console's own polling is not): the
@@ -31,7 +33,6 @@ RING_SIZE = 200
 DIALECTS = {**{w.path: w.name for w in WIRES},
             "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 
-KEY = "coding_stack.key"                  # keys.auth.KEY: the request's key
 RECORD = "coding_stack.activity"          # the request's open record (metrics.ACTIVITY)
 _current: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
     "coding_stack_activity", default=None)

@@ -78,6 +78,15 @@ def is_model_request(environ: dict) -> bool:
         environ.get("PATH_INFO", "").startswith("/v1/")
 
 
+def tokens_of(environ: dict) -> int:
+    """The prompt + completion tokens of the request's ended answer (its activity
+    record, which the metrics filled when the answer ended; 0: none known)."""
+    from ..activity import RECORD       # (activity imports KEY from here)
+    rec = environ.get(RECORD) or {}
+    return sum(v for v in (rec.get("prompt_tokens"), rec.get("completion_tokens"))
+               if isinstance(v, int))
+
+
 def token_of(environ: dict) -> str:
     auth = environ.get("HTTP_AUTHORIZATION", "")
     return auth[7:].strip() if auth[:7].lower() == "bearer " else \
@@ -180,28 +189,13 @@ class KeyAuth:
             if done:
                 return
             done = True
-            try:
-                if lease is not None:
-                    self.store.release(lease)
-            finally:
-                if key.tokens_per_day is not None:
-                    self._count_tokens(environ, key)
+            self.store.finish(key, lease, tokens_of(environ) if key.tokens_per_day else 0)
         try:
             inner = self.app(environ, start_response)
         except BaseException:
             end()
             raise
         return ClosingIterator(inner, [end])
-
-    def _count_tokens(self, environ, key: Key) -> None:
-        from ..activity import RECORD
-        rec = environ.get(RECORD) or {}
-        tokens = sum(v for v in (rec.get("prompt_tokens"), rec.get("completion_tokens"))
-                     if isinstance(v, int))
-        try:
-            self.store.add_tokens(key, tokens)
-        except StoreDown as e:
-            log.warning("could not count %d tokens for key '%s': %s", tokens, key.name, e)
 
     def _unauthorized(self, environ, start_response, addr: str):
         self.failures.failed(addr)

@@ -118,6 +118,13 @@ class Store:
     def add_tokens(self, key: Key, tokens: int) -> None:
         raise NotImplementedError
 
+    def finish(self, key: Key, lease: str | None, tokens: int) -> None:
+        """A request of `key` ended: its lease released and its tokens counted, in
+        one transaction (a release that fails is retried by the heartbeat)."""
+        if lease is not None:
+            self.release(lease)
+        self.add_tokens(key, tokens)
+
     def usage(self, key: Key) -> Usage:
         raise NotImplementedError
 
@@ -174,6 +181,8 @@ class SqlStore(Store):
         self._ready_lock = threading.Lock()
         self._unreleased: set[str] = set()
         self._beating = False
+        self._marked = float("-inf")        # when this process last marked itself alive
+        self._pruned: dict[int, int] = {}   # key id -> the minute its old counts went
         self._idle: queue.LifoQueue = queue.LifoQueue(maxsize=POOL)
 
     # -------------------------------------------------------------- plumbing
@@ -382,12 +391,15 @@ class SqlStore(Store):
                 self._x(cur, "INSERT INTO minute_counts (key_id, minute, n) VALUES (?, ?, 1) "
                              "ON CONFLICT (key_id, minute) DO UPDATE SET n = minute_counts.n + 1",
                         (key.id, minute))
-                self._x(cur, "DELETE FROM minute_counts WHERE key_id = ? AND minute < ?",
-                        (key.id, minute - 1))
+                if self._pruned.get(key.id) != minute:
+                    self._x(cur, "DELETE FROM minute_counts WHERE key_id = ? AND minute < ?",
+                            (key.id, minute - 1))
+                    self._pruned[key.id] = minute
             if key.max_concurrent is None:
                 return None
             lease = uuid.uuid4().hex
-            self._mark_alive(cur, now)
+            if now - self._marked >= HEARTBEAT:
+                self._mark_alive(cur, now)
             self._x(cur, "INSERT INTO leases (id, key_id, owner, started) VALUES (?, ?, ?, ?)",
                     (lease, key.id, self.owner, now))
             return lease
@@ -399,6 +411,8 @@ class SqlStore(Store):
     def _mark_alive(self, cur, now: float) -> None:
         self._x(cur, "INSERT INTO owners (owner, seen) VALUES (?, ?) ON CONFLICT (owner) "
                      "DO UPDATE SET seen = excluded.seen", (self.owner, now))
+        # (set before the commit: a rolled-back mark is made again by the next beat)
+        self._marked = now
 
     def release(self, lease):
         try:
@@ -412,10 +426,31 @@ class SqlStore(Store):
     def add_tokens(self, key, tokens):
         if tokens <= 0 or key.id is None:
             return
-        self._run(lambda cur: self._x(
-            cur, "INSERT INTO day_tokens (key_id, day, tokens) VALUES (?, ?, ?) "
-                 "ON CONFLICT (key_id, day) DO UPDATE SET tokens = day_tokens.tokens + "
-                 "excluded.tokens", (key.id, policy.day_of(self.clock()), tokens)))
+        self._run(lambda cur: self._count(cur, key, tokens), write=True)
+
+    def _count(self, cur, key: Key, tokens: int) -> None:
+        self._x(cur, "INSERT INTO day_tokens (key_id, day, tokens) VALUES (?, ?, ?) "
+                     "ON CONFLICT (key_id, day) DO UPDATE SET tokens = day_tokens.tokens + "
+                     "excluded.tokens", (key.id, policy.day_of(self.clock()), tokens))
+
+    def finish(self, key, lease, tokens):
+        count = tokens > 0 and key.id is not None and key.tokens_per_day is not None
+        if lease is None and not count:
+            return
+
+        def go(cur):
+            if lease is not None:
+                self._x(cur, "DELETE FROM leases WHERE id = ?", (lease,))
+            if count:
+                self._count(cur, key, tokens)
+        try:
+            self._run(go, write=True)
+        except StoreDown as e:
+            if lease is not None:
+                self._unreleased.add(lease)
+                self._start_heartbeat()
+            log.warning("could not end a request of key '%s' (%s): its slot is released "
+                        "by the heartbeat; %d tokens not counted", key.name, e, tokens)
 
     # -------------------------------------------------------------- liveness
     def _start_heartbeat(self) -> None:
