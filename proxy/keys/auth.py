@@ -36,8 +36,6 @@ import logging
 import threading
 import time
 
-from werkzeug.wsgi import ClosingIterator
-
 from common.errors import ApiError, error_response
 from common.guard import close_connection
 from common.origins import has_body
@@ -91,6 +89,28 @@ def token_of(environ: dict) -> str:
     auth = environ.get("HTTP_AUTHORIZATION", "")
     return auth[7:].strip() if auth[:7].lower() == "bearer " else \
         environ.get("HTTP_X_API_KEY", "")
+
+
+class Ending:
+    """An answer's iterable whose close() (the server calls it however the answer
+    ended: done, failed, or the client gone) runs `end` after the inner close,
+    even when that raises."""
+
+    __slots__ = ("inner", "end")
+
+    def __init__(self, inner, end):
+        self.inner, self.end = inner, end
+
+    def __iter__(self):
+        return iter(self.inner)
+
+    def close(self):
+        try:
+            close = getattr(self.inner, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.end()
 
 
 class Cached:
@@ -195,7 +215,7 @@ class KeyAuth:
         except BaseException:
             end()
             raise
-        return ClosingIterator(inner, [end])
+        return Ending(inner, end)
 
     def _unauthorized(self, environ, start_response, addr: str):
         self.failures.failed(addr)

@@ -266,3 +266,20 @@ def test_cli_creates_lists_updates_and_revokes(db):
     assert cli.main(["revoke", "nobody"], settings=settings) == 1
     assert oct(stat.S_IMODE(os.stat(db).st_mode)) == "0o600"
     assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_an_answer_that_fails_to_close_still_ends_its_request():
+    ended = []
+
+    class Broken:
+        def __iter__(self):
+            return iter([b"x"])
+
+        def close(self):
+            raise OSError("boom")
+
+    it = auth.Ending(Broken(), lambda: ended.append(1))
+    assert list(it) == [b"x"]
+    with pytest.raises(OSError):
+        it.close()
+    assert ended == [1]
