@@ -50,6 +50,8 @@ TOKEN_PREFIX = "cs-"
 HEARTBEAT = 5.0         # seconds between a process's "alive" marks
 STALE = 30.0            # a process not seen for this long holds no lease
 POOL = 4                # idle connections kept per process
+MAX_CONNECTIONS = 8     # open at once per process (PostgreSQL's own cap is ~100 in all)
+CONNECTION_WAIT = 5.0   # seconds a request waits for one before it is a 503
 
 FIELDS = ("role", "models", "max_concurrent", "rpm", "tokens_per_day", "weight")
 
@@ -184,6 +186,7 @@ class SqlStore(Store):
         self._marked = float("-inf")        # when this process last marked itself alive
         self._pruned: dict[int, int] = {}   # key id -> the minute its old counts went
         self._idle: queue.LifoQueue = queue.LifoQueue(maxsize=POOL)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
     # -------------------------------------------------------------- plumbing
     def _connect(self):
@@ -193,28 +196,35 @@ class SqlStore(Store):
     @contextmanager
     def _conn(self) -> Iterator:
         """A connection of this process's small pool (LIFO, none shared between two
-        greenlets at once); one that failed is closed, so a database that comes
-        back is connected to again."""
-        try:
-            conn = self._idle.get_nowait()
-        except queue.Empty:
-            conn = self._connect()
+        greenlets at once, at most MAX_CONNECTIONS open); one that failed is
+        closed, so a database that comes back is connected to again."""
+        if not self._slots.acquire(timeout=CONNECTION_WAIT):
+            raise StoreDown(f"all {MAX_CONNECTIONS} of this process's database connections "
+                            f"stayed busy for {CONNECTION_WAIT:g} s")
+        conn = None
         ok = False
         try:
+            try:
+                conn = self._idle.get_nowait()
+            except queue.Empty:
+                conn = self._connect()
             yield conn
             ok = True
         finally:
-            if ok:
-                try:
-                    self._idle.put_nowait(conn)
-                    conn = None
-                except queue.Full:
-                    pass
-            if conn is not None:
-                try:
-                    conn.close()
-                except Exception:  # noqa: BLE001 - it is gone anyway
-                    pass
+            try:
+                if ok:
+                    try:
+                        self._idle.put_nowait(conn)
+                        conn = None
+                    except queue.Full:
+                        pass
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:  # noqa: BLE001 - it is gone anyway
+                        pass
+            finally:
+                self._slots.release()
 
     def close(self) -> None:
         while True:

@@ -217,6 +217,27 @@ def test_a_box_without_keys_then_keys_then_a_revocation_on_every_worker(stack):
     assert not chat.requests
 
 
+def test_a_concurrency_limit_holds_across_two_workers(stack):
+    """Eight streams at once, a key that may have three: three are served, five
+    refused, whichever worker each reached; then the slots are free again."""
+    s, chat = stack["s"], stack["chat"]
+    token = SqliteStore(stack["db"]).create("many", max_concurrent=3)[1]
+    held = threading.Event()
+    chat.script(*[Reply(content="held", hold=held) for _ in range(3)])
+    with cf.ThreadPoolExecutor(8) as ex:
+        answers = list(ex.map(lambda _: post(s, "/v1/chat/completions", CHAT, token,
+                                             stream=True), range(8)))
+        try:
+            statuses = sorted(r.status_code for r in answers)
+            assert statuses == [200] * 3 + [429] * 5, statuses
+        finally:
+            held.set()
+            for r in answers:
+                r.close()
+    chat.script(Reply(content="again"))
+    answered(200, lambda: post(s, "/v1/embeddings", EMBED, token), "the slots free again")
+
+
 def test_two_proxies_share_keys_and_one_concurrency_count(stack):
     a, b, chat = stack["a"], stack["b"], stack["chat"]
     r = post(a, "/admin/keys", {"name": "pair", "max_concurrent": 1, "weight": 3})
