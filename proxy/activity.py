@@ -51,6 +51,8 @@ class Activity:
         entry = {"time": rec.time, "dialect": rec.dialect, "method": rec.method,
                  "status": rec.status, "model": short(rec.requested()),
                  "stream": rec.stream, "seconds": round(rec.seconds, 3)}
+        if rec.who is not None:
+            entry["key"] = rec.who.name          # the request's key (proxy/keys/auth.py)
         if rec.rounds is not None:
             entry["search_rounds"] = rec.rounds
         if rec.queue_wait is not None:

@@ -1,7 +1,7 @@
 """The proxy's Flask app. create_app(settings) configures it: the parts the views
 use (in app.extensions["proxy"]), its door (outermost, before any body is read:
 Host, Origin and Sec-Fetch checks and its own CORS, common.origins; then the API
-key), the request guard (common.guard: paths, body size and body-read deadline),
+key, or with a key store the keys' check: proxy/keys/auth.py), the request guard (common.guard: paths, body size and body-read deadline),
 the error envelope, one set of hooks (timing, Anthropic error shapes, metrics, the
 activity list), the routes' blueprint and the console's (/ui)."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from common.errors import error_response, install_error_handlers
 from common.guard import close_connection, harden
 from common.origins import OriginGuard, has_body, split_list
 
-from . import console, dialects
+from . import console, dialects, keys
 from .activity import Activity
 from .metrics import TOKEN_ROUTES, Metrics, route_label
 from .record import NOT_READ, Record
@@ -24,6 +24,8 @@ from .routes import bp
 from .search.searxng import SearxngClient
 from .settings import Settings
 from .upstream import ModelCatalog, Upstream
+from .keys import admin as keys_admin
+from .keys.auth import KeyAuth, identity
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -35,8 +37,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     harden(app, body_timeout=settings.BODY_TIMEOUT)
     install_error_handlers(app)
 
+    store = keys.open_store(settings)
     upstream = Upstream(settings.BACKEND_URL, settings.CONNECT_TIMEOUT,
-                        api_key=settings.API_KEY)
+                        api_key=settings.API_KEY, strip_auth=store is not None)
     catalog = ModelCatalog(upstream, settings.MODELS_TTL)
     activity = Activity()
     app.extensions["proxy"] = dict(
@@ -44,17 +47,23 @@ def create_app(settings: Settings | None = None) -> Flask:
         searx=SearxngClient(settings.SEARXNG_URL, settings.SEARXNG_RESULTS,
                             settings.SEARXNG_TIMEOUT),
         metrics=Metrics(resolve=lambda name: catalog.lookup(name).get("id"), activity=activity),
-        activity=activity,
+        activity=activity, keys=store,
         executor=cf.ThreadPoolExecutor(max_workers=16, thread_name_prefix="search"))
     app.before_request(before)
     app.after_request(after)
     app.register_blueprint(bp)
     app.register_blueprint(console.bp)
+    app.register_blueprint(keys_admin.bp)
     metrics = app.extensions["proxy"]["metrics"]
     # The door, outermost: nothing below runs (no body is read) for a refused request.
     refused = lambda environ, status: metrics.refused(environ, status)  # noqa: E731
+    # With a key store, its check (proxy/keys/auth.py: API_KEY still an admin key);
+    # without one, API_KEY's alone, as before.
+    door = KeyAuth(app.wsgi_app, store, settings.API_KEY, refused, shaped, console.is_public,
+                   settings.AUTH_FAILURES_PER_MINUTE) if store is not None else \
+        KeyCheck(app.wsgi_app, settings.API_KEY, refused)
     app.wsgi_app = OriginGuard(
-        KeyCheck(app.wsgi_app, settings.API_KEY, refused),
+        door,
         allowed_hosts=split_list(settings.ALLOWED_HOSTS),
         cors_origins=split_list(settings.CORS_ORIGINS),
         public=lambda method, path: method in ("GET", "HEAD") and console.is_public(path),
@@ -102,7 +111,14 @@ def before():
     dialect; the handlers fill it (passed to them by name), the writer as the
     answer goes, the metrics and the activity list read it at the end."""
     route = route_label(request.path)
-    g.record = Record(route, Activity.dialect(route), request.method)
+    g.record = rec = Record(route, Activity.dialect(route), request.method)
+    key = identity(request.environ)
+    if key is not None:
+        rec.who = key
+        store = current_app.extensions["proxy"]["keys"]
+        if store is not None and key.tokens_per_day:
+            # the key's day counts the answer's tokens once it has ended
+            rec.on_end.append(lambda r: r.tokens and store.add_tokens(key, r.tokens))
     return None
 
 

@@ -121,7 +121,7 @@ class Metrics:
         record.stream = (resp.mimetype or "") == "text/event-stream"
         if route in TOKEN_ROUTES and resp.status_code == 200:
             record.usage = TOKEN_ROUTES[route]
-        record.on_end = self._ended
+        record.on_end.insert(0, self._ended)
         if resp.is_streamed:
             body = resp.response
             if record.stream and (isinstance(body, sse.Body) or record.usage is not None):

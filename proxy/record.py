@@ -10,7 +10,8 @@ the first token (seconds after t0), the answer's usage (its dialect's reader:
 common/dialects.py, streamed or not: the last value of each field wins), the
 search rounds, the queue wait (the swapper's word, common.queuewait: its
 X-Queue-Wait header or its `: queue-wait` comment before a stream's events, summed
-over search rounds), and `who` (room for who asked: a key, later).
+over search rounds), and `who` (the request's key, proxy/keys: its name is listed,
+its tokens counted by the readers the door adds to `on_end`).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class Record:
         self.answered = self.prompt = self.completion = self.per_second = None
         self.timed_prompt = self.timed_completion = None
         self.first_data = self.last_data = None
-        self.on_end: Callable[["Record"], None] | None = None
+        self.on_end: list[Callable[["Record"], None]] = []     # its readers, in order
         self._ended = False
         self._rest: list | None = None        # set: reading failed, read no more
 
@@ -163,7 +164,8 @@ class Record:
 
     def end(self, seconds: float | None = None) -> None:
         """The answer has gone (or the client went): the record is complete; its
-        readers (on_end: the metrics, then the activity list) read it, once."""
+        readers (on_end: the metrics, then the activity list; a key's token count)
+        read it, once; one that fails does not keep the next from it."""
         if self._ended:
             return
         self._ended = True
@@ -172,8 +174,8 @@ class Record:
             # A stream without usage (the client did not ask for it): llama.cpp's timings
             # count the same tokens.
             self.prompt, self.completion = self.timed_prompt, self.timed_completion
-        if self.on_end is not None:
-            _safely(lambda: self.on_end(self))
+        for reader in self.on_end:
+            _safely(lambda: reader(self))
 
     @property
     def first_token(self) -> float | None:
@@ -190,6 +192,11 @@ class Record:
                 and self.last_data is not None and self.last_data > self.first_data:
             return (self.completion - 1) / (self.last_data - self.first_data)
         return None
+
+    @property
+    def tokens(self) -> int:
+        """Prompt + completion tokens of the answer (0: none counted)."""
+        return sum(v for v in (self.prompt, self.completion) if isinstance(v, int))
 
     def requested(self) -> str | None:
         """The model the request named (None: none)."""

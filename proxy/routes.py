@@ -6,11 +6,13 @@ from __future__ import annotations
 from flask import Blueprint, current_app, g, request
 
 from common import guard
+from common.errors import ApiError
 from common.failures import reason
 from common.streaming import forward_headers, iter_upstream, relay
 
 from . import dialects
 from .record import noting_waits
+from .keys.auth import check_model, identity
 
 bp = Blueprint("proxy", __name__)
 
@@ -82,6 +84,8 @@ def passthrough(rest=None):
     target = _unaliased(guard.raw_target(request.environ))
     path, _, query = target.partition("?")
     data = request.get_data() if request.method not in ("GET", "HEAD") else None
+    if data and identity(request.environ) is not None and request.path.startswith("/v1/"):
+        check_model(request.environ, _model_of(data), parts()["catalog"])
     r = parts()["upstream"].request(request.method, path, query=query,
                                     headers=forward_headers(request.headers),
                                     data=data or None, environ=request.environ)
@@ -92,6 +96,16 @@ def passthrough(rest=None):
         # A listed request's stream (/v1/completions): its queue wait noted.
         return relay(r, body=noting_waits(iter_upstream(r), rec))
     return relay(r)
+
+
+def _model_of(data: bytes) -> str | None:
+    """The `model` a forwarded JSON body names (None: none, or not JSON)."""
+    try:
+        body = guard.loads(data)
+    except ApiError:
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
 
 
 def _unaliased(target: str) -> str:

@@ -33,6 +33,19 @@ class Settings(Shared):
         "", "set: `Authorization: Bearer <key>` (or `x-api-key`) on every route but "
         "`/healthz` and the console's page and assets, else 401 (checked before the body "
         "is read)", repr=False)
+    KEYS_DB: str = setting(
+        "", "the key store's SQLite file (docs/keys.md), made on first start with mode 0600; "
+        "compose sets `/data/keys.db` on the proxy's volume. With no key in it the door is "
+        "as without it (open, or `API_KEY`'s). Empty, and no `KEYS_DATABASE_URL`: keys off",
+        group="fixed")
+    KEYS_DATABASE_URL: str = setting(
+        "", "a PostgreSQL URL (`postgresql://user:pass@host/db`) for the key store instead "
+        "of `KEYS_DB`: several proxies that share keys and their limits (docs/keys.md)",
+        repr=False)
+    AUTH_FAILURES_PER_MINUTE: int = setting(
+        30, "with a key store: failed key checks an address may make in a minute; then it "
+        "gets 429 with `Retry-After` (its key not checked) until the oldest is a minute old",
+        min=1)
     CORS_ORIGINS: str = setting(
         "", "web origins allowed to call the proxy from a browser, exact and "
         "comma-separated (`https://app.example`); they get `Access-Control-Allow-Origin` "

@@ -21,24 +21,29 @@ from common.http1 import Client
 from common.streaming import headers_now, iter_body
 
 from .record import Record, noting_waits
+from .keys.auth import TENANT_HEADER, WEIGHT_HEADER, tenant_headers
 
 log = logging.getLogger("proxy.upstream")
 
 BROWSER_FIELDS = frozenset({"origin", "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest",
                             "sec-fetch-user", "access-control-request-method",
                             "access-control-request-headers"})
+TENANT_FIELDS = frozenset({TENANT_HEADER.lower(), WEIGHT_HEADER.lower()})
 
 
 class Upstream:
     def __init__(self, base_url: str, connect_timeout: float = 10.0, pool_size: int = 1000,
-                 api_key: str = ""):
+                 api_key: str = "", strip_auth: bool = False):
         self.base_url = base_url.rstrip("/")
         self.connect_timeout = connect_timeout
         # The proxy's own API key is for its door: never sent on upstream. Nor are
         # a browser's fields: the door (common.origins) has judged them, and a
         # backend seeing an Origin would answer with CORS fields of its own.
-        self._strip = BROWSER_FIELDS | (frozenset({"authorization", "x-api-key"})
-                                        if api_key else frozenset())
+        # The request's key (a store's) is the door's too. The tenant fields are ours
+        # alone: a client's are dropped, the request's key's sent (keys.auth).
+        self._strip = BROWSER_FIELDS | TENANT_FIELDS | (
+            frozenset({"authorization", "x-api-key"}) if api_key or strip_auth
+            else frozenset())
         self.client = Client(pool_size)
 
     def request(self, method: str, path: str, *, query: str = "", headers=None, data=None,
@@ -57,8 +62,11 @@ class Upstream:
         url = self.base_url + path
         if query:
             url += "?" + query
-        if self._strip and headers:
+        if headers:
             headers = {k: v for k, v in headers.items() if k.lower() not in self._strip}
+        tenant = tenant_headers(environ)
+        if tenant:
+            headers = {**(headers or {}), **tenant}
         timeout = (self.connect_timeout, read_timeout)
 
         def send(fresh: bool) -> requests.Response:

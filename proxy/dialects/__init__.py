@@ -35,6 +35,7 @@ from common.streaming import forward_headers, relay, sse_response
 from .. import agents
 from .. import normalize, progress
 from ..search import rounds
+from ..keys.auth import check_model
 from ..search.engine import TOOL_NAME
 
 from ..search.rounds import as_is, backend_error
@@ -64,6 +65,7 @@ def handle(d: Dialect, parts: dict, request, record) -> Response:
     body = d.parse(raw)
     model = body.get("model") if isinstance(body.get("model"), str) else None
     record.model = model                    # for the metrics: no second parse
+    check_model(request.environ, model, catalog)     # the key's scope (403)
     info = _Lazy(lambda: catalog.lookup(model))
     changed = d.progress.strip(body)        # our wait's progress: never the model's
     changed |= agents.fix(d, body, info())

@@ -16,6 +16,7 @@ import json
 import re
 import time
 import uuid
+from typing import Iterator
 
 from flask import Response
 

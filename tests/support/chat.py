@@ -39,6 +39,7 @@ class Reply:
     status: int = 200                                # != 200: answer an error envelope
     error: str = "scripted failure"
     break_after: int | None = None                   # stream: drop the connection after n chunks
+    hold: threading.Event | None = None              # stream: wait for it after the first chunk
 
     @property
     def finish(self) -> str:
@@ -159,4 +160,6 @@ class ScriptedChat(ScriptedServer):
             if r.break_after is not None and i >= r.break_after:
                 raise ConnectionAbortedError("scripted stream break")
             yield b
+            if i == 0 and r.hold is not None:
+                r.hold.wait(30)
 

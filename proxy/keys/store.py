@@ -1,0 +1,494 @@
+"""The key store: one small interface (Store), two implementations on one SQL
+core (SqlStore): embedded SQLite (proxy/keys/sqlite.py, the default) and
+PostgreSQL (proxy/keys/postgres.py, when several proxies share keys).
+
+Keys are stored as the sha256 of their token (`cs-` + 43 URL-safe characters:
+256 random bits); the token is shown once, when made, and never stored, logged
+or put in a URL. A lookup is by the token's digest (an index), the digest then
+compared in constant time (hmac.compare_digest).
+
+The limits are counted in the database, so every gunicorn worker and every
+proxy sharing it sees one count:
+
+- requests per minute: a row per key and minute (`minute_counts`), incremented
+  when a request is admitted;
+- tokens per day: a row per key and UTC day (`day_tokens`), added to when an
+  answer ends;
+- concurrent requests: a row per request being served (`leases`), inserted when
+  it is admitted and deleted when it ends (auth.py's `finally`). Each row names
+  the process that holds it (`owner`); each process marks itself alive every
+  HEARTBEAT seconds (`owners`), and the rows of a process not seen for STALE
+  seconds (it crashed) no longer count and are deleted. A delete that fails
+  (the database unreachable) is retried by the heartbeat.
+
+Admission (`admit`) reads the counts and writes the increments in one
+transaction that holds the key's write lock (SQLite: BEGIN IMMEDIATE; PostgreSQL:
+the key's row FOR UPDATE), so two workers cannot both take the last slot.
+
+Any failure to reach the database raises StoreDown (the door answers 503).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import queue
+import secrets
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Iterator
+
+from . import policy
+from .policy import Key, Refusal, Usage
+
+log = logging.getLogger("proxy.keys")
+
+TOKEN_PREFIX = "cs-"
+HEARTBEAT = 5.0         # seconds between a process's "alive" marks
+STALE = 30.0            # a process not seen for this long holds no lease
+POOL = 4                # idle connections kept per process
+MAX_CONNECTIONS = 8     # open at once per process (PostgreSQL's own cap is ~100 in all)
+CONNECTION_WAIT = 5.0   # seconds a request waits for one before it is a 503
+
+FIELDS = ("role", "models", "max_concurrent", "rpm", "tokens_per_day", "weight")
+
+
+class StoreDown(Exception):
+    """The key database cannot be reached (or answered an error)."""
+
+
+class Limited(Exception):
+    def __init__(self, refusal: Refusal):
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+class UnknownKey(LookupError):
+    """No active key of that name."""
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+class Store:
+    """What the door, the admin routes and the CLI ask of a key store."""
+
+    def create(self, name: str, *, role: str = "use", models=policy.ALL_MODELS,
+               max_concurrent: int | None = None, rpm: int | None = None,
+               tokens_per_day: int | None = None, weight: float = 1.0) -> tuple[Key, str]:
+        """A new key and its token (the only time the token is seen)."""
+        raise NotImplementedError
+
+    def keys(self, revoked: bool = False) -> list[Key]:
+        raise NotImplementedError
+
+    def get(self, name: str) -> Key | None:
+        """The active key of that name."""
+        raise NotImplementedError
+
+    def update(self, name: str, **fields) -> Key:
+        raise NotImplementedError
+
+    def revoke(self, name: str) -> Key:
+        raise NotImplementedError
+
+    def by_token(self, token: str) -> Key | None:
+        """The active key whose token this is, else None."""
+        raise NotImplementedError
+
+    def has_keys(self) -> bool:
+        """Whether any key was ever made, revoked ones included (none: the door works
+        as without a store). Revoking the last key never opens the door."""
+        raise NotImplementedError
+
+    def admit(self, key: Key) -> str | None:
+        """One more request of `key` starts: Limited when it is over a limit, else
+        its lease (None: the key has no concurrency limit) to `release` at its end."""
+        raise NotImplementedError
+
+    def release(self, lease: str) -> None:
+        raise NotImplementedError
+
+    def add_tokens(self, key: Key, tokens: int) -> None:
+        raise NotImplementedError
+
+    def finish(self, key: Key, lease: str | None, tokens: int = 0) -> None:
+        """A request of `key` ended: its lease released and its tokens counted, in
+        one transaction (a release that fails is retried by the heartbeat)."""
+        if lease is not None:
+            self.release(lease)
+        self.add_tokens(key, tokens)
+
+    def usage(self, key: Key) -> Usage:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def _key_of(row) -> Key:
+    (id_, name, role, models, conc, rpm, tpd, weight, created, revoked) = row
+    return Key(name=name, role=role, models=tuple(json.loads(models)), max_concurrent=conc,
+               rpm=rpm, tokens_per_day=tpd, weight=float(weight), created=float(created),
+               revoked=None if revoked is None else float(revoked), id=id_)
+
+
+def _checked(fields: dict) -> dict:
+    """Fields of a key, validated (ValueError says which is wrong)."""
+    out = {}
+    for k, v in fields.items():
+        if k not in FIELDS:
+            raise ValueError(f"a key has no field {k!r} (its fields: {', '.join(FIELDS)})")
+        if k == "role":
+            if v not in policy.ROLES:
+                raise ValueError(f"role must be one of {', '.join(policy.ROLES)}, not {v!r}")
+        elif k == "models":
+            if isinstance(v, str):
+                v = v.split(",")
+            v = list(policy.check_models(v))
+        elif k == "weight":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 \
+                    or v != v or v == float("inf"):
+                raise ValueError(f"weight must be a positive number, not {v!r}")
+            v = float(v)
+        elif v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{k} must be a whole number of at least 1, or none, not {v!r}")
+        out[k] = v
+    return out
+
+
+COLUMNS = "id, name, role, models, max_concurrent, rpm, tokens_per_day, weight, created, revoked"
+
+
+class SqlStore(Store):
+    """The store's logic in SQL both databases run; a subclass gives its
+    connections (`_conn`), its schema (SCHEMA), its parameter mark and how a
+    write transaction locks (`_lock`)."""
+
+    SCHEMA: tuple[str, ...] = ()
+    MARK = "?"
+
+    def __init__(self, clock=time.time):
+        self.clock = clock
+        self.owner = uuid.uuid4().hex           # this process, for its leases
+        self._ready = False
+        self._ready_lock = threading.Lock()
+        self._unreleased: set[str] = set()
+        self._beating = False
+        self._marked = float("-inf")        # when this process last marked itself alive
+        self._pruned: dict[int, int] = {}   # key id -> the minute its old counts went
+        self._idle: queue.LifoQueue = queue.LifoQueue(maxsize=POOL)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    # -------------------------------------------------------------- plumbing
+    def _connect(self):
+        """A new DB-API connection, in autocommit mode (transactions are ours)."""
+        raise NotImplementedError
+
+    @contextmanager
+    def _conn(self) -> Iterator:
+        """A connection of this process's small pool (LIFO, none shared between two
+        greenlets at once, at most MAX_CONNECTIONS open); one that failed is
+        closed, so a database that comes back is connected to again."""
+        if not self._slots.acquire(timeout=CONNECTION_WAIT):
+            raise StoreDown(f"all {MAX_CONNECTIONS} of this process's database connections "
+                            f"stayed busy for {CONNECTION_WAIT:g} s")
+        conn = None
+        ok = False
+        try:
+            try:
+                conn = self._idle.get_nowait()
+            except queue.Empty:
+                conn = self._connect()
+            yield conn
+            ok = True
+        finally:
+            try:
+                if ok:
+                    try:
+                        self._idle.put_nowait(conn)
+                        conn = None
+                    except queue.Full:
+                        pass
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:  # noqa: BLE001 - it is gone anyway
+                        pass
+            finally:
+                self._slots.release()
+
+    def close(self) -> None:
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
+
+    def _lock(self, cur, key_id: int | None) -> None:
+        """Begin a write transaction holding the lock `admit` needs."""
+        raise NotImplementedError
+
+    def _sql(self, q: str) -> str:
+        return q if self.MARK == "?" else q.replace("?", self.MARK)
+
+    def _run(self, fn, write: bool = False, key_id: int | None = None):
+        """fn(cursor) in a transaction; StoreDown for any database failure. An
+        answer fn raises on purpose (Limited, UnknownKey, ValueError) rolls back
+        and keeps the connection."""
+        self._ensure_schema()
+        answer = None
+        try:
+            with self._conn() as conn:
+                cur = conn.cursor()
+                if write:
+                    self._lock(cur, key_id)
+                else:
+                    cur.execute("BEGIN")
+                try:
+                    out = fn(cur)
+                except (Limited, UnknownKey, ValueError) as e:
+                    conn.rollback()
+                    answer = e
+                except BaseException:
+                    conn.rollback()
+                    raise
+                else:
+                    conn.commit()
+        except Exception as e:  # noqa: BLE001 - any driver error is the database's
+            raise StoreDown(f"{type(e).__name__}: {e}") from e
+        if answer is not None:
+            raise answer
+        return out
+
+    def _ensure_schema(self) -> None:
+        if self._ready:
+            return
+        with self._ready_lock:
+            if self._ready:
+                return
+            try:
+                with self._conn() as conn:
+                    cur = conn.cursor()
+                    self._create(cur)
+                    conn.commit()
+            except Exception as e:  # noqa: BLE001
+                raise StoreDown(f"{type(e).__name__}: {e}") from e
+            self._ready = True
+
+    def _create(self, cur) -> None:
+        for stmt in self.SCHEMA:
+            cur.execute(stmt)
+
+    def _x(self, cur, q: str, args=()):
+        cur.execute(self._sql(q), args)
+        return cur
+
+    # -------------------------------------------------------------- keys
+    def create(self, name, *, role="use", models=policy.ALL_MODELS, max_concurrent=None,
+               rpm=None, tokens_per_day=None, weight=1.0):
+        policy.check_name(name)
+        f = _checked(dict(role=role, models=models, max_concurrent=max_concurrent, rpm=rpm,
+                          tokens_per_day=tokens_per_day, weight=weight))
+        token = new_token()
+
+        def go(cur):
+            if self._x(cur, "SELECT 1 FROM keys WHERE name = ? AND revoked IS NULL",
+                       (name,)).fetchone():
+                raise ValueError(f"a key named '{name}' exists already")
+            self._x(cur, "INSERT INTO keys (name, hash, role, models, max_concurrent, rpm, "
+                         "tokens_per_day, weight, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (name, digest(token), f["role"], json.dumps(f["models"]),
+                     f["max_concurrent"], f["rpm"], f["tokens_per_day"], f["weight"],
+                     self.clock()))
+            return self._one(cur, name)
+        return self._run(go, write=True), token
+
+    def _one(self, cur, name: str) -> Key | None:
+        row = self._x(cur, f"SELECT {COLUMNS} FROM keys WHERE name = ? AND revoked IS NULL",
+                      (name,)).fetchone()
+        return _key_of(row) if row else None
+
+    def keys(self, revoked=False):
+        q = f"SELECT {COLUMNS} FROM keys" + ("" if revoked else " WHERE revoked IS NULL") + \
+            " ORDER BY name, created"
+        return self._run(lambda cur: [_key_of(r) for r in self._x(cur, q).fetchall()])
+
+    def get(self, name):
+        return self._run(lambda cur: self._one(cur, name))
+
+    def update(self, name, **fields):
+        f = _checked(fields)
+        if "models" in f:
+            f["models"] = json.dumps(f["models"])
+
+        def go(cur):
+            if self._one(cur, name) is None:
+                raise UnknownKey(f"no key named '{name}'")
+            if f:
+                sets = ", ".join(f"{k} = ?" for k in f)
+                self._x(cur, f"UPDATE keys SET {sets} WHERE name = ? AND revoked IS NULL",
+                        (*f.values(), name))
+            return self._one(cur, name)
+        return self._run(go, write=True)
+
+    def revoke(self, name):
+        def go(cur):
+            key = self._one(cur, name)
+            if key is None:
+                raise UnknownKey(f"no key named '{name}'")
+            self._x(cur, "UPDATE keys SET revoked = ? WHERE id = ?", (self.clock(), key.id))
+            row = self._x(cur, f"SELECT {COLUMNS} FROM keys WHERE id = ?",
+                          (key.id,)).fetchone()
+            return _key_of(row)
+        return self._run(go, write=True)
+
+    def by_token(self, token):
+        d = digest(token)
+
+        def go(cur):
+            row = self._x(cur, f"SELECT {COLUMNS}, hash FROM keys WHERE hash = ? "
+                               "AND revoked IS NULL", (d,)).fetchone()
+            return row
+        row = self._run(go)
+        if row is None or not hmac.compare_digest(row[-1], d):
+            return None
+        return _key_of(row[:-1])
+
+    def has_keys(self):
+        return self._run(lambda cur: self._x(
+            cur, "SELECT 1 FROM keys LIMIT 1").fetchone() is not None)
+
+    # -------------------------------------------------------------- limits
+    def _usage(self, cur, key: Key, now: float) -> Usage:
+        in_flight = this_minute = tokens = 0
+        if key.max_concurrent is not None:
+            in_flight = self._x(cur, "SELECT COUNT(*) FROM leases l JOIN owners o "
+                                     "ON o.owner = l.owner WHERE l.key_id = ? AND o.seen >= ?",
+                                (key.id, now - STALE)).fetchone()[0]
+        if key.rpm is not None:
+            row = self._x(cur, "SELECT n FROM minute_counts WHERE key_id = ? AND minute = ?",
+                          (key.id, policy.minute_of(now))).fetchone()
+            this_minute = row[0] if row else 0
+        if key.tokens_per_day is not None:
+            row = self._x(cur, "SELECT tokens FROM day_tokens WHERE key_id = ? AND day = ?",
+                          (key.id, policy.day_of(now))).fetchone()
+            tokens = row[0] if row else 0
+        return Usage(int(in_flight), int(this_minute), int(tokens))
+
+    def usage(self, key):
+        return self._run(lambda cur: self._usage(cur, key, self.clock()))
+
+    def admit(self, key):
+        if not key.limited:
+            return None
+        now = self.clock()
+
+        def go(cur):
+            refusal = policy.decide(key, self._usage(cur, key, now), now)
+            if refusal is not None:
+                raise Limited(refusal)
+            if key.rpm is not None:
+                minute = policy.minute_of(now)
+                self._x(cur, "INSERT INTO minute_counts (key_id, minute, n) VALUES (?, ?, 1) "
+                             "ON CONFLICT (key_id, minute) DO UPDATE SET n = minute_counts.n + 1",
+                        (key.id, minute))
+                if self._pruned.get(key.id) != minute:
+                    self._x(cur, "DELETE FROM minute_counts WHERE key_id = ? AND minute < ?",
+                            (key.id, minute - 1))
+                    self._pruned[key.id] = minute
+            if key.max_concurrent is None:
+                return None
+            lease = uuid.uuid4().hex
+            if now - self._marked >= HEARTBEAT:
+                self._mark_alive(cur, now)
+            self._x(cur, "INSERT INTO leases (id, key_id, owner, started) VALUES (?, ?, ?, ?)",
+                    (lease, key.id, self.owner, now))
+            return lease
+        lease = self._run(go, write=True, key_id=key.id)
+        if lease is not None:
+            self._start_heartbeat()
+        return lease
+
+    def _mark_alive(self, cur, now: float) -> None:
+        self._x(cur, "INSERT INTO owners (owner, seen) VALUES (?, ?) ON CONFLICT (owner) "
+                     "DO UPDATE SET seen = excluded.seen", (self.owner, now))
+        # (set before the commit: a rolled-back mark is made again by the next beat)
+        self._marked = now
+
+    def release(self, lease):
+        try:
+            self._run(lambda cur: self._x(cur, "DELETE FROM leases WHERE id = ?", (lease,)))
+        except StoreDown as e:
+            log.warning("could not release a concurrency lease (%s): retried by the heartbeat",
+                        e)
+            self._unreleased.add(lease)
+            self._start_heartbeat()
+
+    def add_tokens(self, key, tokens):
+        if tokens <= 0 or key.id is None:
+            return
+        self._run(lambda cur: self._count(cur, key, tokens), write=True)
+
+    def _count(self, cur, key: Key, tokens: int) -> None:
+        self._x(cur, "INSERT INTO day_tokens (key_id, day, tokens) VALUES (?, ?, ?) "
+                     "ON CONFLICT (key_id, day) DO UPDATE SET tokens = day_tokens.tokens + "
+                     "excluded.tokens", (key.id, policy.day_of(self.clock()), tokens))
+
+    def finish(self, key, lease, tokens=0):
+        count = tokens > 0 and key.id is not None and key.tokens_per_day is not None
+        if lease is None and not count:
+            return
+
+        def go(cur):
+            if lease is not None:
+                self._x(cur, "DELETE FROM leases WHERE id = ?", (lease,))
+            if count:
+                self._count(cur, key, tokens)
+        try:
+            self._run(go, write=True)
+        except StoreDown as e:
+            if lease is not None:
+                self._unreleased.add(lease)
+                self._start_heartbeat()
+            log.warning("could not end a request of key '%s' (%s): its slot is released "
+                        "by the heartbeat; %d tokens not counted", key.name, e, tokens)
+
+    # -------------------------------------------------------------- liveness
+    def _start_heartbeat(self) -> None:
+        if self._beating:
+            return
+        self._beating = True
+        threading.Thread(target=self._heartbeat, name="keys-heartbeat", daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT)
+            try:
+                self.beat()
+            except Exception as e:  # noqa: BLE001 - the next beat tries again
+                log.debug("keys heartbeat failed: %s", e)
+
+    def beat(self) -> None:
+        """Mark this process alive, retry the releases that failed, forget the
+        leases of processes gone for STALE seconds."""
+        now = self.clock()
+        pending = list(self._unreleased)
+
+        def go(cur):
+            self._mark_alive(cur, now)
+            for lease in pending:
+                self._x(cur, "DELETE FROM leases WHERE id = ?", (lease,))
+            self._x(cur, "DELETE FROM leases WHERE owner IN "
+                         "(SELECT owner FROM owners WHERE seen < ?)", (now - 2 * STALE,))
+            self._x(cur, "DELETE FROM owners WHERE seen < ?", (now - 2 * STALE,))
+        self._run(go, write=True)
+        self._unreleased.difference_update(pending)
