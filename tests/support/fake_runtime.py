@@ -221,7 +221,7 @@ class FakeSlotServer:
     ({"filename"} under `folder`, as --slot-save-path). Each slot holds
     `prompts[id]` tokens (0: never used); a saved file is that many tokens'
     bytes (`bytes_per_token`). Levers: `save_status` / `restore_status` (an
-    HTTP error instead), `save_delay` (seconds a save takes), `short_write`
+    HTTP error instead), `save_gate` (an Event saves wait for), `short_write`
     (bytes missing from a saved file while n_written tells them all),
     `die_on_restore` (the server closes the connection, as an aborting
     llama-server does). `calls` records (action, slot, filename); `restored`
@@ -241,14 +241,13 @@ class FakeSlotServer:
         import http.server
         import json as _json
         import os as _os
-        import time as _time
         from urllib.parse import parse_qs, urlparse
 
         self.folder = folder
         self.prompts = {i: 0 for i in range(slots)}
         self.model_path, self.build, self.bytes_per_token = model_path, build, bytes_per_token
         self.save_status = self.restore_status = 200
-        self.save_delay = 0.0
+        self.save_gate = None       # a threading.Event: saves wait for it (30 s at most)
         self.short_write = 0
         self.die_on_restore = False
         self.calls: list[tuple[str, int, str]] = []
@@ -306,8 +305,8 @@ class FakeSlotServer:
                 fake.calls.append((action, sid, name))
                 path = _os.path.join(str(fake.folder), name)
                 if action == "save":
-                    if fake.save_delay:
-                        _time.sleep(fake.save_delay)
+                    if fake.save_gate is not None:
+                        fake.save_gate.wait(30)
                     if fake.save_status != 200:
                         return self._send(fake.save_status, {"error": "cannot save"})
                     tokens = fake.prompts[sid]
@@ -431,7 +430,6 @@ class FakeHub:
         import http.server
         import socketserver
         import time as _time
-        from pathlib import Path as _Path
         self.files = files
         self.rate = rate
         self.status: int | None = None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from dataclasses import replace
 
 import pytest
@@ -288,18 +287,6 @@ def test_malformed_bodies_are_left_for_the_backend_to_refuse(dialect, body):
 def test_none_info_is_treated_as_empty():
     body = {"messages": [{"role": "user", "content": "q"}, {"role": "system", "content": "s"}]}
     assert fix("chat", body, None) is True
-
-
-def test_an_ordinary_request_costs_microseconds():
-    body = {"model": "m", "messages": [{"role": "system", "content": "be brief"}] +
-            [{"role": r, "content": "x" * 200} for r in ("user", "assistant") * 20]}
-    info = {"late_system": "convert", "preserve_reasoning": False}
-    n = 2000
-    t = time.perf_counter()
-    for _ in range(n):
-        fix("chat", body, info)
-    per = (time.perf_counter() - t) / n
-    assert per < 50e-6, f"{per * 1e6:.1f} µs per request of 41 messages"
 
 
 # ------------------------------------------------------------------- backend errors

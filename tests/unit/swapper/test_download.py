@@ -130,9 +130,9 @@ def test_another_model_is_served_during_a_download(tmp_path, hub, chat):
         time.sleep(0.01)
     # The resident model stays, and answers while tiny-a downloads.
     assert sched.model_status("tiny-b")["value"] == "loaded"
-    t0 = time.monotonic()
     r = c.post("/v1/chat/completions", json=body("tiny-b", False), buffered=True)
-    assert r.status_code == 200 and time.monotonic() - t0 < 1.0
+    # answered while tiny-a still downloads: it did not wait for the download
+    assert r.status_code == 200
     assert sched.model_status("tiny-a")["value"] == "downloading"
     t.join(30)
     assert b"data: [DONE]" in done["a"]
