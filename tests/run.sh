@@ -3,6 +3,11 @@
 # run pytest with the test bed's variables. Extra arguments go to pytest:
 #   tests/run.sh                       everything
 #   tests/run.sh tests/unit -q         a part
+# The whole suite (no path given) runs its test files on TEST_WORKERS pytest-xdist
+# workers (default 2; 0: one process), a file's tests in one worker so its
+# module-scoped stack is started once: most of a test's time is waiting on a
+# backend, a load or a client's timer, and each file's stack has its own name,
+# ports and containers. A part runs in one process unless TEST_WORKERS is set.
 # A selection made only of paths under tests/unit needs no Docker test bed: only
 # the test venv is laid then (issue 34, part 6).
 set -euo pipefail
@@ -30,5 +35,15 @@ fi
 if [ "$unit_only" = 0 ] || [ -f tests/testbed/testbed.env ]; then
   # shellcheck disable=SC1091
   source tests/testbed/testbed.env
+fi
+any_path=0
+for a in "$@"; do
+  case "$a" in -*) continue ;; esac
+  [ -e "${a%%::*}" ] && any_path=1
+done
+workers="${TEST_WORKERS:-}"
+[ -z "$workers" ] && [ "$any_path" = 0 ] && workers=2
+if [ -n "$workers" ] && [ "$workers" != 0 ]; then
+  set -- -n "$workers" --dist loadfile "$@"
 fi
 exec .venv/bin/python -m pytest "$@"
