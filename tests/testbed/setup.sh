@@ -73,8 +73,11 @@ step_dockerd() {
   if docker info >/dev/null 2>&1; then return; fi
   log "starting dockerd (log: /var/log/dockerd.log)"
   # Without the lock's descriptor: dockerd (and its containerd) outlive this run,
-  # and holding fd 9 they would keep every later run waiting at the flock.
-  nohup dockerd >/var/log/dockerd.log 2>&1 9>&- &
+  # and holding fd 9 they would keep every later run waiting at the flock. In a
+  # session of its own: a job runner that ends this run by killing its process
+  # group (CI's timeout, a shell's job control) must not take the engine down
+  # with it (it did, mid-suite, twice: every later test failed "connection refused").
+  setsid nohup dockerd >/var/log/dockerd.log 2>&1 9>&- < /dev/null &
   for _ in $(seq 1 60); do
     docker info >/dev/null 2>&1 && return
     sleep 1
