@@ -11,7 +11,8 @@ never run at once. A stop names the model that waits first
 container) while it stops.
 
 Policy
-- Requests for the resident (ready) model are admitted up to its slot count;
+- Requests for the resident (ready) model are admitted up to its slot count
+  (in the policy's fair order between tenants);
   the rest wait FIFO, at most `max_queue` waiting in all (QueueFull beyond).
 - An *epoch* is one residency of one model. A request joins the current epoch
   if it is for the model being loaded, or for the ready model while nothing else
