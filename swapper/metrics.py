@@ -33,7 +33,7 @@ class SwapperMetrics:
         self.tenant_label = TenantLabels(tenants)
         self._tenant_load = Counter(
             "swapper_tenant_load_seconds", "Load seconds charged to each tenant (split "
-            "among the tenants whose waiting requests caused the load; the first "
+            "by weight among the tenants whose waiting requests caused the load; the first "
             "METRICS_TENANTS tenants seen by name, later ones as other).", ("tenant",),
             registry=r)
         self._requests = Counter(

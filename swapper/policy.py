@@ -30,7 +30,8 @@ policy without holds). What a policy sees of the scheduler is a `Stint`.
 - Tenants (both policies; swapper/tenants.py). Within a model, waiting
   requests are admitted in fair order by tenant (weighted start-time fair
   queueing; within one tenant first come, first served). Each load's seconds are
-  charged to the tenants whose waiting requests caused it. Hold policy: a tenant
+  charged to the tenants whose waiting requests caused it (split by weight). Hold
+  policy: a tenant
   over its weighted share of those seconds waits for the next stint instead of
   forcing one: its requests neither end the resident model's quantum (only
   `quantum_max` does) nor pick the next model while another tenant's requests

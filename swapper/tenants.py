@@ -24,7 +24,8 @@ a backend (swapper/forward.py drops them).
   with each submission: first come, first served, as before. A tenant coming
   back after a pause starts at the virtual time: idle time is no credit.
 - Between models, an account: each load's seconds are charged to the tenants
-  whose waiting requests caused it (split equally among them), in an account
+  whose waiting requests caused it (split by their weights: a load that several
+  tenants waited for puts none of them over its share), in an account
   that decays by half every `half_life` seconds. A tenant is *over its share*
   when its charge exceeds its weight's share (weight / the sum of the weights of
   the tenants that have a charge or wait now) of all charges by more than
@@ -119,17 +120,19 @@ class Shares:
 
     # --------------------------------------------------------------- account
     def charge(self, seconds: float, tenants: Iterable[str]) -> dict[str, float]:
-        """Charge a load's `seconds` to `tenants` (split equally); returns each
-        tenant's part."""
+        """Charge a load's `seconds` to `tenants`, split by their weights (a
+        load they all waited for costs each its weighted share: none of them
+        goes over its share by it); returns each tenant's part."""
         names = sorted(set(tenants))
         if not names or seconds <= 0:
             return {}
-        part = seconds / len(names)
-        for name in names:
+        weights = sum(self.weight(n) for n in names)
+        parts = {n: seconds * self.weight(n) / weights for n in names}
+        for name, part in parts.items():
             a = self._entry(name)
             a[0] += part
             a[2] += part
-        return {name: part for name in names}
+        return parts
 
     def charged(self, tenant: str) -> float:
         """The tenant's decayed charge, seconds."""

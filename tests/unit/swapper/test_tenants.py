@@ -150,6 +150,16 @@ def test_a_loads_seconds_are_charged_to_the_tenants_that_waited_for_it():
     assert snap["c"]["charged_load_seconds"] == 0.0 and snap["c"]["queued"] == 1
 
 
+def test_a_shared_load_is_split_by_weight_and_puts_nobody_over():
+    sh = Shares(Clock())
+    for name, w in (("a", 1.0), ("b", 3.0)):
+        sh.tag(Ticket(1, "x", tenant=name, weight=w))
+    assert sh.charge(20.0, ["a", "b"]) == {"a": 5.0, "b": 15.0}
+    assert sh.overs(["a", "b"]) == set()
+    sh.charge(20.0, ["a"])                      # a load only a wanted: all its own
+    assert sh.charged("a") == 25.0 and sh.overs(["a", "b"]) == {"a"}
+
+
 def test_the_account_decays_by_half_each_half_life():
     clock = Clock()
     sh = Shares(clock, half_life=100.0)
