@@ -96,6 +96,8 @@ class Shares:
         self._last: collections.OrderedDict[tuple, float] = collections.OrderedDict()
         # tenant -> [decayed charge, when it was last decayed, all-time charge, weight]
         self._acct: collections.OrderedDict[str, list] = collections.OrderedDict()
+        self._version = 0             # bumped by any change of charges or weights
+        self._overs: tuple | None = None     # (its key, the answer): asked many times a tick
 
     # ------------------------------------------------------------ fair order
     def tag(self, ticket) -> None:
@@ -132,6 +134,7 @@ class Shares:
             a = self._entry(name)
             a[0] += part
             a[2] += part
+        self._version += 1
         return parts
 
     def charged(self, tenant: str) -> float:
@@ -146,8 +149,21 @@ class Shares:
         """The tenants that have caused more than their weighted share of the
         load seconds, among those with a charge and those in `waiting` (the
         tenants of the waiting requests)."""
+        waiting = frozenset(waiting)
+        # The same answer within 50 ms (what decays meanwhile is negligible) for
+        # the same charges and waiting tenants: one decision asks several times.
+        key = (int(self._clock() * 20), self._version, waiting)
+        if self._overs is not None and self._overs[0] == key:
+            return set(self._overs[1])
+        out = self._compute_overs(waiting)
+        self._overs = (key, frozenset(out))
+        return out
+
+    def _compute_overs(self, waiting: frozenset) -> set[str]:
         charged = {t: self.charged(t) for t in self._acct}
-        present = {t for t, c in charged.items() if c > 0.01} | set(waiting)
+        if not any(c > 1.0 for c in charged.values()):
+            return set()            # nobody can be over by more than a second
+        present = {t for t, c in charged.items() if c > 0.01} | waiting
         if len(present) < 2:
             return set()
         total = sum(charged.get(t, 0.0) for t in present)
@@ -169,27 +185,37 @@ class Shares:
         `cap` tenants with the most charged or queued, the rest summed as OTHER."""
         queued = collections.Counter(t.tenant for t in queue)
         flying = collections.Counter(t.tenant for t in active)
-        names = set(self._acct) | set(queued) | set(flying)
+        charged = {n: self.charged(n) for n in self._acct}
+        names = set(charged) | set(queued) | set(flying)
         over = self.overs(queued)
-        rows = {n: {"weight": self.weight(n),
-                    "charged_load_seconds": round(self.charged(n), 1),
-                    "charged_load_seconds_total": round(self._acct[n][2], 1)
-                    if n in self._acct else 0.0,
-                    "queued": queued.get(n, 0), "in_flight": flying.get(n, 0),
-                    "over_share": n in over} for n in names}
-        ranked = sorted(rows, key=lambda n: (-rows[n]["charged_load_seconds"],
-                                             -rows[n]["queued"], n))
-        out = {n: rows[n] for n in ranked[:cap]}
+        ranked = sorted(names, key=lambda n: (-charged.get(n, 0.0), -queued.get(n, 0), n))
+
+        def total(n):
+            a = self._acct.get(n)
+            return a[2] if a is not None else 0.0
+
+        out = {n: {"weight": self.weight(n),
+                   "charged_load_seconds": round(charged.get(n, 0.0), 1),
+                   "charged_load_seconds_total": round(total(n), 1),
+                   "queued": queued.get(n, 0), "in_flight": flying.get(n, 0),
+                   "over_share": n in over} for n in ranked[:cap]}
         rest = ranked[cap:]
         if rest:
             out[OTHER] = {"tenants": len(rest),
-                          **{k: round(sum(rows[n][k] for n in rest), 1) for k in (
-                              "charged_load_seconds", "charged_load_seconds_total")},
-                          **{k: sum(rows[n][k] for n in rest) for k in ("queued", "in_flight")}}
+                          "charged_load_seconds": round(sum(charged.get(n, 0.0)
+                                                            for n in rest), 1),
+                          "charged_load_seconds_total": round(sum(map(total, rest)), 1),
+                          "queued": sum(queued.get(n, 0) for n in rest),
+                          "in_flight": sum(flying.get(n, 0) for n in rest)}
         return out
 
     def _seen(self, tenant: str, weight: float) -> None:
-        self._entry(tenant)[3] = weight
+        a = self._acct.get(tenant)
+        if a is None or a[3] != weight:
+            self._entry(tenant)[3] = weight
+            self._version += 1
+        else:
+            self._acct.move_to_end(tenant)
 
     def _entry(self, tenant: str) -> list:
         a = self._acct.get(tenant)
@@ -204,9 +230,10 @@ class Shares:
 
     def _decay(self, a: list) -> None:
         now = self._clock()
-        if now > a[1] and self.half_life > 0:
-            a[0] *= 0.5 ** ((now - a[1]) / self.half_life)
-        a[1] = now
+        if now > a[1]:
+            if self.half_life > 0 and a[0]:
+                a[0] *= 0.5 ** ((now - a[1]) / self.half_life)
+            a[1] = now
 
 
 class TenantLabels:

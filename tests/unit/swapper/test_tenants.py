@@ -160,6 +160,19 @@ def test_a_shared_load_is_split_by_weight_and_puts_nobody_over():
     assert sh.charged("a") == 25.0 and sh.overs(["a", "b"]) == {"a"}
 
 
+def test_running_lists_the_most_charged_tenants_and_sums_the_rest():
+    sh = Shares(Clock())
+    queue = [Ticket(i, "x", tenant=f"t{i}") for i in range(40)]
+    for t in queue:
+        sh.tag(t)
+    for i in range(40):
+        sh.charge(float(i + 1), [f"t{i}"])
+    status = sh.status(queue, [])
+    assert len(status) == 33 and "t39" in status and "t0" not in status
+    assert status["other"]["tenants"] == 8 and status["other"]["queued"] == 8
+    assert status["other"]["charged_load_seconds_total"] == sum(range(1, 9))
+
+
 def test_the_account_decays_by_half_each_half_life():
     clock = Clock()
     sh = Shares(clock, half_life=100.0)
