@@ -48,7 +48,7 @@ def build(settings: Settings, runtime: Runtime | None = None) -> Parts:
                           load_times=LoadTimes.for_settings(settings),
                           policy=SwapPolicy.from_settings(settings))
     runtime = runtime or DockerRuntime(settings, registry)
-    metrics = SwapperMetrics(scheduler.snapshot)
+    metrics = SwapperMetrics(scheduler.snapshot, tenants=settings.METRICS_TENANTS)
     events = EventHub()
     scheduler.subscribe(events.publish)
     scheduler.subscribe(metrics.scheduler_event)

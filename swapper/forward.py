@@ -41,6 +41,7 @@ from .lease import Admission, Lease, waiting_for
 from .progress import Relay
 from .runtime import with_backend_key
 from .settings import Settings
+from .tenants import without_tenant
 
 log = logging.getLogger("swapper.forward")
 
@@ -124,6 +125,7 @@ class Forwarder:
         stops. Returns the lease (still open) and the answer; raises ApiError
         with the lease finished."""
         fwd = forward_headers(headers)
+        without_tenant(fwd)             # the proxy's word to the swapper, not the backend's
         held = [lease or self.admission.admit(model, environ)]    # the try's lease
 
         def send(fresh: bool) -> requests.Response:

@@ -28,6 +28,7 @@ from common.failures import failure
 
 from .driver import CONFIRM_DEAD_SECONDS, Driver
 from .metrics import SwapperMetrics
+from .tenants import DEFAULT_TENANT, tenant_of
 from .scheduler import OTHER_PROCESS, Cancelled, LoadFailed, QueueFull, Scheduler, Ticket
 
 # Causes (common.failures) after which the backend's container is looked at.
@@ -112,8 +113,10 @@ class Admission:
     def queue(self, model: str, environ: dict, count: int = 1) -> list[Lease]:
         """Queue `count` requests for `model` without waiting, listed in the
         request's `environ` (EndsLeases ends them). Raises ApiError (queue full)."""
+        tenant, weight = tenant_of(environ)     # the proxy's word (swapper/tenants.py)
         leases = [Lease(self, t) for t in self._submit(model, count, environ.get(SESSION),
-                                                        environ.get(OPERATOR, False))]
+                                                        environ.get(OPERATOR, False),
+                                                        tenant, weight)]
         environ.setdefault(LEASES, []).extend(leases)
         return leases
 
@@ -133,9 +136,10 @@ class Admission:
         self._wait(self._submit(None, 1)[0], environ)
 
     def _submit(self, model: str | None, count: int, session: str | None = None,
-                operator: bool = False) -> list[Ticket]:
+                operator: bool = False, tenant: str = DEFAULT_TENANT,
+                weight: float = 1.0) -> list[Ticket]:
         try:
-            return self.scheduler.submit_many(model, count, session, operator)
+            return self.scheduler.submit_many(model, count, session, operator, tenant, weight)
         except QueueFull as e:
             self.metrics.rejected("queue_full")
             raise failure("queue_full", str(e),

@@ -17,6 +17,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from common import metrics as common
 
+from .tenants import TenantLabels
+
 # A load that starts within this many seconds of the previous model's stop
 # ending is the second half of a swap.
 SWAP_GAP = 1.0
@@ -24,9 +26,16 @@ SWAP_GAP = 1.0
 
 class SwapperMetrics:
     def __init__(self, snapshot: Callable[[], dict] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, tenants: int = 16):
         self.collectors = r = common.new_registry()
         self._clock = clock
+        # The tenant label is bounded: the first `tenants` seen, then "other".
+        self.tenant_label = TenantLabels(tenants)
+        self._tenant_load = Counter(
+            "swapper_tenant_load_seconds", "Load seconds charged to each tenant (split "
+            "by weight among the tenants whose waiting requests caused the load; the first "
+            "METRICS_TENANTS tenants seen by name, later ones as other).", ("tenant",),
+            registry=r)
         self._requests = Counter(
             "swapper_requests", "Requests answered, by model and HTTP status.",
             ("model", "status"), registry=r)
@@ -105,7 +114,7 @@ class SwapperMetrics:
         self._lock = threading.Lock()
         self._last_stop: tuple[str, float, float] | None = None   # model, started, ended
         if snapshot is not None:
-            r.register(_SchedulerCollector(snapshot))
+            r.register(_SchedulerCollector(snapshot, self.tenant_label))
 
     # ------------------------------------------------------------- requests
     def request_done(self, model: str, status: int | str) -> None:
@@ -153,6 +162,8 @@ class SwapperMetrics:
             self._load_causes.labels(fields["model"], fields["cause"]).inc()
         elif event == "stop":
             self._stops.labels(fields["model"], fields["cause"]).inc()
+        elif event == "charged":
+            self._tenant_load.labels(self.tenant_label(fields["tenant"])).inc(fields["seconds"])
         elif event in _HOLD_OUTCOMES:
             self._holds.labels(_HOLD_OUTCOMES[event] or fields.get("reason", "broken")).inc()
 
@@ -196,8 +207,9 @@ _HOLD_OUTCOMES = {"hold_used": "used", "hold_expired": "expired", "quantum_spent
 class _SchedulerCollector:
     """Gauges read from the scheduler's snapshot when scraped."""
 
-    def __init__(self, snapshot: Callable[[], dict]):
+    def __init__(self, snapshot: Callable[[], dict], tenant_label: Callable[[str], str]):
         self._snapshot = snapshot
+        self._tenant_label = tenant_label
 
     def describe(self):
         return []
@@ -214,3 +226,13 @@ class _SchedulerCollector:
         if snap.get("model"):
             resident.add_metric((snap["model"], snap["state"]), 1)
         yield resident
+        queued = GaugeMetricFamily(
+            "swapper_tenant_queued", "Requests waiting for a slot, by tenant (bounded: "
+            "see swapper_tenant_load_seconds).", labels=("tenant",))
+        by_label: dict[str, int] = {}
+        for tenant, row in (snap.get("tenants") or {}).items():
+            label = self._tenant_label(tenant)
+            by_label[label] = by_label.get(label, 0) + row.get("queued", 0)
+        for label, n in sorted(by_label.items()):
+            queued.add_metric((label,), n)
+        yield queued

@@ -27,6 +27,16 @@ policy without holds). What a policy sees of the scheduler is a `Stint`.
   second of its expected load; a request that has waited quantum_max goes first
   whatever; the resident model, whose quantum just ended, only when no other
   model waits. fifo: the model of the oldest waiting request.
+- Tenants (both policies; swapper/tenants.py). Within a model, waiting
+  requests are admitted in fair order by tenant (weighted start-time fair
+  queueing; within one tenant first come, first served). Each load's seconds are
+  charged to the tenants whose waiting requests caused it (split by weight). Hold
+  policy: a tenant
+  over its weighted share of those seconds waits for the next stint instead of
+  forcing one: its requests neither end the resident model's quantum (only
+  `quantum_max` does) nor pick the next model while another tenant's requests
+  wait; when nothing else waits, they are served as before (the GPU never idles
+  for fairness). With one tenant every decision is the one without tenants.
 """
 from __future__ import annotations
 
@@ -34,6 +44,8 @@ import collections
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
+
+from .tenants import Shares
 
 HOLD, FIFO = "hold", "fifo"
 
@@ -49,12 +61,16 @@ class SwapPolicy:
     quantum_max: float = 300.0
     unknown_load: float = 10.0      # the expected load time of a model never loaded
     max_holds: int = 256            # sessions held at once (more: no new holds)
+    fair_half_life: float = 900.0   # tenants' load-seconds account halves in this, seconds
+    fair_slack: float = 0.1         # over its share: by more than this fraction
+    max_tenants: int = 256          # tenants remembered (the least recently seen go)
 
     @classmethod
     def from_settings(cls, s) -> "SwapPolicy":
         return cls(name=s.SWAP_POLICY, hold=s.HOLD_SECONDS, first_hold=s.HOLD_FIRST_SECONDS,
                    quantum_factor=s.QUANTUM_FACTOR,
-                   quantum_min=s.QUANTUM_MIN_SECONDS, quantum_max=s.QUANTUM_MAX_SECONDS)
+                   quantum_min=s.QUANTUM_MIN_SECONDS, quantum_max=s.QUANTUM_MAX_SECONDS,
+                   fair_half_life=s.FAIR_HALF_LIFE_SECONDS, fair_slack=s.FAIR_SLACK)
 
     def build(self, clock: Callable[[], float] = time.monotonic,
               expected: Callable[[str | None], float | None] = lambda m: None,
@@ -117,6 +133,22 @@ class Policy(Protocol):
     def status(self, queue: list, stint: Stint) -> dict | None:
         """While `held` keeps the resident model: what the snapshot shows."""
 
+    def tag(self, ticket: Any) -> None:
+        """A ticket is submitted: its place in its model's fair order."""
+
+    def order(self, tickets: list) -> list:
+        """Waiting tickets of the epoch in the order they are admitted."""
+
+    def admitted(self, ticket: Any) -> None:
+        """A ticket got its slot."""
+
+    def loaded(self, model: str, seconds: float, tenants: Iterable[str]) -> None:
+        """A load of `model` took `seconds`; `tenants`: whose waiting requests
+        caused it (charged)."""
+
+    def tenants(self, queue: list, active: Iterable) -> dict:
+        """Per tenant: weight, charged load seconds, queued, in flight (/running)."""
+
 
 def operator_waits(queue) -> bool:
     """An operator's load or unload waits in `queue`."""
@@ -128,13 +160,45 @@ def short(session: str | None) -> str | None:
     return None if session is None else session[:12]
 
 
-class Fifo:
+class Tenants:
+    """What both policies do about tenants (see the module): the fair order
+    within a model and the load-seconds account, kept in `shares`."""
+
+    def __init__(self, settings: SwapPolicy, clock: Callable[[], float],
+                 emit: Callable[..., None]):
+        self.shares = Shares(clock, settings.fair_half_life, settings.fair_slack,
+                             settings.max_tenants)
+        self._emit = emit
+
+    def tag(self, ticket) -> None:
+        self.shares.tag(ticket)
+
+    def order(self, tickets) -> list:
+        return self.shares.order(tickets)
+
+    def admitted(self, ticket) -> None:
+        self.shares.admitted(ticket)
+
+    def loaded(self, model, seconds, tenants) -> None:
+        for tenant, part in self.shares.charge(seconds, tenants).items():
+            self._emit("charged", model=model, tenant=tenant, seconds=round(part, 3))
+
+    def tenants(self, queue, active) -> dict:
+        return self.shares.status(queue, active)
+
+    def _over(self, queue) -> set[str]:
+        """The tenants over their share, among those charged and waiting."""
+        return self.shares.overs({t.tenant for t in queue})
+
+
+class Fifo(Tenants):
     """No holds: swap as soon as the resident model is drained; the model of
-    the oldest waiting request goes next."""
+    the oldest waiting request goes next (whatever its tenant's charge)."""
 
     def __init__(self, settings: SwapPolicy, clock: Callable[[], float] = time.monotonic,
                  expected: Callable[[str | None], float | None] = lambda m: None,
                  emit: Callable[..., None] = lambda event, **fields: None):
+        super().__init__(settings, clock, emit)
         self.settings = settings
 
     @property
@@ -169,13 +233,15 @@ class Fifo:
         return None
 
 
-class Hold:
+class Hold(Tenants):
     """Holds within a quantum (see the module): the holds of the resident
-    model's stint (session -> when its hold ends) and each session's gaps."""
+    model's stint (session -> when its hold ends) and each session's gaps; a
+    tenant over its share does not force a swap."""
 
     def __init__(self, settings: SwapPolicy, clock: Callable[[], float] = time.monotonic,
                  expected: Callable[[str | None], float | None] = lambda m: None,
                  emit: Callable[..., None] = lambda event, **fields: None):
+        super().__init__(settings, clock, emit)
         self.settings = settings
         self._clock = clock
         self._expected = expected
@@ -248,8 +314,11 @@ class Hold:
         now = self._clock()
         if now - queue[0].queued_at >= self.settings.quantum_max:
             return queue[0].model           # waited long enough: first, whatever
+        # A tenant over its share waits for the next stint while others wait.
+        over = self._over(queue)
+        fair = [t for t in queue if t.tenant not in over] if over else queue
         ages: dict[str, float] = {}
-        for t in queue:
+        for t in fair or queue:
             ages[t.model] = ages.get(t.model, 0.0) + (now - t.queued_at) + 1.0
         if len(ages) > 1:                   # its quantum ended: others first
             ages.pop(stint.last, None)
@@ -288,10 +357,17 @@ class Hold:
         if not others:
             return float("inf")
         p = self.settings
-        quantum = min(max(p.quantum_factor * self._expected_load(self.next_model(others, stint)),
-                          p.quantum_min), p.quantum_max)
+        # Requests of a tenant over its share do not end the stint: only
+        # quantum_max does, while no other tenant's request waits.
+        over = self._over(queue)
+        forcing = [t for t in others if t.tenant not in over] if over else others
+        if forcing:
+            quantum = min(max(p.quantum_factor * self._expected_load(
+                self.next_model(forcing, stint)), p.quantum_min), p.quantum_max)
+        else:
+            quantum, forcing = p.quantum_max, others
         start = max(stint.ready_since if stint.ready_since is not None else self._clock(),
-                    min(t.queued_at for t in others))
+                    min(t.queued_at for t in forcing))
         return start + quantum
 
     def _hold_for(self, session: str) -> float:

@@ -11,7 +11,8 @@ never run at once. A stop names the model that waits first
 container) while it stops.
 
 Policy
-- Requests for the resident (ready) model are admitted up to its slot count;
+- Requests for the resident (ready) model are admitted up to its slot count
+  (in the policy's fair order between tenants);
   the rest wait FIFO, at most `max_queue` waiting in all (QueueFull beyond).
 - An *epoch* is one residency of one model. A request joins the current epoch
   if it is for the model being loaded, or for the ready model while nothing else
@@ -26,6 +27,11 @@ Policy
   request for the ready model joins its epoch although other models wait, whether
   the drained resident model is kept for its agents' next turns (holds), and
   which model goes next.
+- Tenants (swapper/tenants.py): a ticket carries its tenant and weight; the
+  policy tags it as it comes, and the waiting requests of an epoch are admitted
+  in the policy's fair order (one tenant: as they came). A load's seconds are
+  charged to the tenants of the requests that were waiting for it when it
+  started (the policy's `loaded`).
 - A failed load fails the requests of its epoch with the error. A crash of the
   resident model removes its container; waiting requests trigger a reload,
   delayed by an exponential backoff while the model keeps failing.
@@ -40,6 +46,7 @@ from typing import Any, Callable
 from .downloadqueue import OTHER_PROCESS, DownloadQueue  # noqa: F401
 from .loadtimes import LoadCost, LoadTimes
 from .policy import FIFO, HOLD, Policy, Stint, SwapPolicy, operator_waits, short  # noqa: F401
+from .tenants import DEFAULT_TENANT
 from .tickets import Action, Cancelled, LoadFailed, QueueFull, SchedulerError, Ticket
 
 
@@ -89,17 +96,21 @@ class Scheduler:
         self._wake_at: float | None = None     # when the policy's hold may end
         self._stopped: str | None = None       # the model stopped last
         self._load_cause = "request"           # why the running load was started
+        self._load_tenants: set[str] = set()   # whose waiting requests caused it
 
     # ---------------------------------------------------------------- requests
     def submit(self, model: str | None, session: str | None = None,
-               urgent: bool = False) -> Ticket:
+               urgent: bool = False, tenant: str = DEFAULT_TENANT,
+               weight: float = 1.0) -> Ticket:
         """Queue a request for `model` (None = unload) from `session` (the agent
         that sent it; None: it neither holds nor uses holds); `urgent`: an
-        operator's load. Raises QueueFull."""
-        return self.submit_many(model, 1, session, urgent)[0]
+        operator's load; `tenant`, `weight`: whose (swapper/tenants.py). Raises
+        QueueFull."""
+        return self.submit_many(model, 1, session, urgent, tenant, weight)[0]
 
     def submit_many(self, model: str | None, count: int, session: str | None = None,
-                    urgent: bool = False) -> list[Ticket]:
+                    urgent: bool = False, tenant: str = DEFAULT_TENANT,
+                    weight: float = 1.0) -> list[Ticket]:
         """Queue `count` requests for `model` at once, so they land in the same
         epoch (the members of one fan-out). Raises QueueFull for all of them."""
         with self._cv:
@@ -118,7 +129,9 @@ class Scheduler:
             tickets = []
             now = self._clock()
             for _ in range(count):
-                t = Ticket(next(self._seq), model, session, urgent, queued_at=now)
+                t = Ticket(next(self._seq), model, session, urgent, tenant, weight,
+                           queued_at=now)
+                self.policy.tag(t)
                 if joins:
                     t.epoch = self.epoch
                 self._queue.append(t)
@@ -223,6 +236,9 @@ class Scheduler:
                 seconds = self._clock() - self.since - self._load_delay
                 self.load_times.add(self.model, seconds)
                 self.load_cost.loaded(self.model, seconds)
+                # Charged to whose requests waited for it (at its start or joining it).
+                self.policy.loaded(self.model, seconds, self._load_tenants | {
+                    t.tenant for t in self._queue if t.epoch == epoch})
                 self._set_phase(READY, self.model)
             self._schedule()
 
@@ -364,6 +380,7 @@ class Scheduler:
                 if self.phase == LOADING else None,
                 "last_swap_seconds": self.load_cost.last_swap_seconds,
                 "policy": self.policy.name,
+                "tenants": self.policy.tenants(self._queue, self._active),
                 "hold": None if self._wake_at is None else   # while the policy holds
                 self.policy.status(self._eligible(), self._stint()),
                 **self.load_cost.status(),
@@ -390,10 +407,11 @@ class Scheduler:
         if self.phase == READY:
             slots = self._slots(self.model)
             in_epoch = sum(1 for t in self._active if t.epoch == self.epoch)
-            for t in list(queue):
-                if in_epoch >= slots:
-                    break
-                if t.epoch == self.epoch:
+            if in_epoch < slots:
+                # The epoch's waiting requests in the policy's fair order.
+                for t in self.policy.order([t for t in queue if t.epoch == self.epoch]):
+                    if in_epoch >= slots:
+                        break
                     self._admit(t)
                     in_epoch += 1
             queue = self._eligible()
@@ -423,6 +441,7 @@ class Scheduler:
                 self.epoch += 1
                 self._set_phase(LOADING, model)
                 self._join_epoch(model)
+                self._load_tenants = {t.tenant for t in queue if t.model == model}
                 delay = 0.0 if not failures else min(
                     self.backoff_base * 2 ** (failures - 1), self.backoff_max)
                 self._load_delay = delay
@@ -447,6 +466,7 @@ class Scheduler:
         self._told_in_flight()
         t.state = "admitted"
         t.backend = self._backend
+        self.policy.admitted(t)
         self.last_activity = t.admitted_at = self._clock()
         t.event.set()
 

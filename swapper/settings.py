@@ -94,6 +94,18 @@ class Settings(Shared, DownloadSettings):
     QUANTUM_MIN_SECONDS: float = setting(5.0, "the quantum's floor", min=0)
     QUANTUM_MAX_SECONDS: float = setting(
         300.0, "the quantum's cap (it bounds anyone's wait)", min=0)
+    # Tenants (swapper/tenants.py; docs/fairness.md): the proxy names a request's
+    # tenant and weight on the internal hop; each load's seconds are charged to
+    # the tenants whose waiting requests caused it, in an account that decays.
+    FAIR_HALF_LIFE_SECONDS: float = setting(
+        900.0, "tenants' charged load seconds halve in this many seconds (the window fair "
+        "shares between models are measured over)", min=1)
+    FAIR_SLACK: float = setting(
+        0.1, "a tenant whose charged load seconds exceed its weighted share by more than "
+        "this fraction waits for the next stint instead of forcing a swap", min=0, max=10)
+    METRICS_TENANTS: int = setting(
+        16, "tenants named in the swapper's metrics (the first seen); later ones are "
+        "counted as `other`", min=1, max=1000)
     PREFETCH: bool = setting(
         True, "while one model serves and another's requests wait, read the waiting "
         "model's files into the page cache (its load then reads memory; "

@@ -41,6 +41,9 @@ class Ticket:
     model: str | None
     session: str | None = None      # the agent that sent it (None: no holds)
     urgent: bool = False            # an operator's load: no hold or quantum delays it
+    tenant: str = "default"         # whose request (swapper/tenants.py: the proxy says)
+    weight: float = 1.0             # the tenant's weight (its fair share)
+    tag: float = 0.0                # its place in its model's fair order (tenants.Shares)
     epoch: int | None = None
     state: str = "waiting"          # waiting | admitted | done | failed | cancelled
     error: SchedulerError | None = None

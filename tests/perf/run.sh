@@ -13,6 +13,11 @@
 #                                           several agents on several models: loads,
 #                                           time against the ideal, waits, per swap
 #                                           policy (tests/perf/thrash.py; ~8 min at 3 s)
+#   tests/perf/run.sh fairshare [--loads 3,20 --turns 60 --answer 0.25]
+#                                           three tenants (weights 1/2/3) on two models:
+#                                           GPU share vs weight, load seconds charged,
+#                                           makespan vs ideal; then one tenant
+#                                           (tests/perf/fairshare.py; ~6 min)
 #   tests/perf/run.sh prefetch [--repeats 5]  a load with its files cold / prefetched
 #                                           in the page cache (tests/perf/prefetch.py)
 #   tests/perf/run.sh kvswap [--sizes 8000,24000 --repeats 3]
@@ -47,7 +52,7 @@ py="${PERF_PYTHON:-$repo/.venv/bin/python}"
 
 # The benchmarks of their own (tests/perf/<name>.py) need neither LiteLLM nor py-spy.
 case "${1:-}" in
-  agents | kvswap | kvconv | thrash | prefetch) name=$1; shift; exec "$py" -m "tests.perf.$name" "$@" ;;
+  agents | kvswap | kvconv | thrash | fairshare | prefetch) name=$1; shift; exec "$py" -m "tests.perf.$name" "$@" ;;
 esac
 
 # LiteLLM 1.108.7 (the proxy extra) and py-spy 0.4.3, pinned, in a venv of their own.
