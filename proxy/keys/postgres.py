@@ -32,8 +32,11 @@ class PostgresStore(SqlStore):
         "WHERE revoked IS NULL",
         "CREATE TABLE IF NOT EXISTS minute_counts (key_id BIGINT NOT NULL, "
         "minute BIGINT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (key_id, minute))",
-        "CREATE TABLE IF NOT EXISTS day_tokens (key_id BIGINT NOT NULL, day BIGINT NOT NULL, "
-        "tokens BIGINT NOT NULL, PRIMARY KEY (key_id, day))",
+        "CREATE TABLE IF NOT EXISTS key_usage (key_id BIGINT NOT NULL, day BIGINT NOT NULL, "
+        "model TEXT NOT NULL, requests BIGINT NOT NULL, prompt_tokens BIGINT NOT NULL, "
+        "cached_tokens BIGINT NOT NULL, completion_tokens BIGINT NOT NULL, "
+        "queue_wait_seconds DOUBLE PRECISION NOT NULL, "
+        "load_seconds DOUBLE PRECISION NOT NULL, PRIMARY KEY (key_id, day, model))",
         "CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, "
         "seen DOUBLE PRECISION NOT NULL)",
         "CREATE TABLE IF NOT EXISTS leases (id TEXT PRIMARY KEY, key_id BIGINT NOT NULL, "
