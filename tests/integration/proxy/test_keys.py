@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -361,3 +362,38 @@ def test_usage_is_exact_after_a_database_restart_during_traffic(stack, pg):
     totals = counted(a, "outlived", served, "the rows kept while it was down written")
     assert (totals["prompt_tokens"], totals["completion_tokens"]) == (10, 5)
     assert usage_of(a, "outlived")["pending_rows"] == 0
+
+
+def test_a_stream_in_flight_when_its_proxy_restarts_is_counted(stack):
+    """SIGTERM: gunicorn stops taking connections and lets the stream in flight
+    finish; its record's end writes its row, once, before the worker exits."""
+    a, b, chat = stack["a"], stack["b"], stack["chat"]
+    token = post(a, "/admin/keys", {"name": "restarted"}, ADMIN).json()["token"]
+    held = threading.Event()
+    chat.script(Reply(content="a long answer", hold=held))
+    stream = post(b, "/v1/chat/completions", {**CHAT, "stream_options": {
+        "include_usage": True}}, token, stream=True)
+    pieces = stream.iter_content(None)
+    next(pieces)
+    # SIGTERM, gunicorn's graceful stop (the test helper's stop is SIGINT: quick)
+    stopping = threading.Thread(target=lambda: (b.proc.send_signal(signal.SIGTERM),
+                                                b.proc.wait(30)))
+    stopping.start()
+    try:
+        def refused():
+            try:
+                requests.get(b.url + "/healthz", timeout=2)
+            except requests.ConnectionError:
+                return True
+            return False
+        wait_until(refused, "b stopping: new connections refused")
+        held.set()
+        assert b'"usage"' in b"".join(pieces)       # it finished, its usage sent
+    finally:
+        held.set()
+        stream.close()
+        stopping.join()
+        b.stop()                                    # (exited: only its bookkeeping)
+        b.start()
+    totals = counted(b, "restarted", 1, "the stream's usage written before it exited")
+    assert (totals["prompt_tokens"], totals["completion_tokens"]) == (10, 5)
