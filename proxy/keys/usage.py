@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from typing import Callable
 
 from ..record import NOT_READ, Record, requested_model
@@ -27,6 +28,7 @@ from .store import Store
 
 MODEL_CHARS = 128           # a model name as a row keeps it, at most
 RESOLVED_MAX = 256
+UNKNOWN_TTL = 30.0          # seconds an unknown model name is not asked of the catalog again
 
 
 def spent_of(rec: Record) -> Spent:
@@ -50,24 +52,30 @@ class Counting:
     """The usage reader's parts: the store, the catalog's resolver, the metrics."""
 
     def __init__(self, store: Store, resolve: Callable[[str], str | None] | None = None,
-                 metrics=None):
+                 metrics=None, clock=time.monotonic):
         self.store, self.metrics = store, metrics
         self._lookup = resolve
-        self._resolved: dict[str, str] = {}
+        self._clock = clock
+        self._resolved: dict[str, tuple[str | None, float]] = {}   # name -> (id, until)
         self._lock = threading.Lock()
 
     def resolve(self, name: str) -> str | None:
-        known = self._resolved.get(name)
-        if known is None and self._lookup is not None:
-            try:
-                known = self._lookup(name)
-            except Exception:  # noqa: BLE001 - a name must never fail the count
-                known = None
-            if known:
-                with self._lock:
-                    if len(self._resolved) < RESOLVED_MAX:
-                        self._resolved[name] = known
-        return known
+        """The catalog's id for `name`: kept once known; an unknown name is asked
+        again after UNKNOWN_TTL seconds (the catalog may fetch on a lookup)."""
+        hit = self._resolved.get(name)
+        now = self._clock()
+        if hit is not None and (hit[0] is not None or hit[1] > now):
+            return hit[0]
+        if self._lookup is None:
+            return None
+        try:
+            known = self._lookup(name)
+        except Exception:  # noqa: BLE001 - a name must never fail the count
+            known = None
+        with self._lock:
+            if name in self._resolved or len(self._resolved) < RESOLVED_MAX:
+                self._resolved[name] = (known or None, now + UNKNOWN_TTL)
+        return known or None
 
     def reader(self, key: Key) -> Callable[[Record], None]:
         return lambda rec: self.count(key, rec)

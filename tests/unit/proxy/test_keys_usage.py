@@ -235,3 +235,25 @@ def test_models_lists_only_what_the_key_may_use(chat, tmp_path):
     assert r.status_code == 200 and [m["id"] for m in r.json["data"]] == ["qwen-35b"]
     r = c.get("/v1/models", headers=bearer(wide))
     assert [m["id"] for m in r.json["data"]] == ["smollm2", "qwen-35b"]
+
+
+def test_model_names_are_asked_of_the_catalog_once(store, clock):
+    asked = []
+    catalog = {"smol": "smollm2"}
+
+    def lookup(name):
+        asked.append(name)
+        return catalog.get(name)
+    count = Counting(store, resolve=lookup, clock=clock)
+    key, _ = store.create("erin")
+    for _ in range(3):
+        count.count(key, record("smol"))
+        count.count(key, record("new-model"))
+    assert asked == ["smol", "new-model"]           # an unknown name: not asked again at once
+    catalog["new-model"] = "new-model-id"
+    clock.sleep(31)
+    count.count(key, record("new-model"))
+    count.count(key, record("new-model"))
+    assert asked == ["smol", "new-model", "new-model"]
+    assert {r["model"]: r["requests"] for r in store.usage_rows()} == {
+        "smollm2": 3, "new-model": 3, "new-model-id": 2}
