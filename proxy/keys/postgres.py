@@ -4,7 +4,8 @@ itself, so the router passes them through; docs/keys.md). Driver: psycopg 3.
 
 A few connections per process are kept (store.SqlStore's pool); one that
 failed is dropped, so when the database comes back the next operation connects
-again. Connecting gives up after
+again (one that fails at its transaction's first statement, after a restart of
+the server, is replaced at once and the idle ones with it: no 503 for it). Connecting gives up after
 CONNECT_TIMEOUT seconds: an unreachable database is a quick 503, not a hang.
 An admission locks its key's row (SELECT ... FOR UPDATE) for the transaction,
 so two proxies cannot both take a key's last slot. Under gunicorn's gevent
@@ -22,6 +23,7 @@ CONNECT_TIMEOUT = 2
 
 class PostgresStore(SqlStore):
     MARK = "%s"
+    STALE_CONNECTIONS = True
     SCHEMA = (
         "CREATE TABLE IF NOT EXISTS keys (id BIGSERIAL PRIMARY KEY, name TEXT NOT NULL, "
         "hash TEXT NOT NULL UNIQUE, role TEXT NOT NULL, models TEXT NOT NULL, "

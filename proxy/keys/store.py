@@ -201,6 +201,10 @@ class SqlStore(Store):
 
     SCHEMA: tuple[str, ...] = ()
     MARK = "?"
+    # Whether a pooled connection can go stale (a server that restarted drops it):
+    # then one that fails at its first statement is replaced and the work done once
+    # more on a new connection.
+    STALE_CONNECTIONS = False
 
     def __init__(self, clock=time.time):
         self.clock = clock
@@ -305,7 +309,7 @@ class SqlStore(Store):
                         else:
                             cur.execute("BEGIN")
                     except Exception:
-                        if fresh:
+                        if fresh or not self.STALE_CONNECTIONS:
                             raise
                         # A pooled connection the database dropped (it restarted):
                         # nothing was done on it; the idle ones are as stale. Once

@@ -176,8 +176,10 @@ def test_a_release_the_outage_refused_is_retried(pg):
     (the heartbeat retries the release), never held for good."""
     clock = Clock(T0)
     s = PostgresStore(pg.url.rsplit("/", 1)[0] + "/contract", clock=clock)
+    idle = PostgresStore(s.url, clock=clock)            # its pooled connection goes stale
     try:
         key, _ = s.create("erin", max_concurrent=1)
+        assert idle.usage(key).in_flight == 0
         lease = s.admit(key)
         pg.stop()
         try:
@@ -186,11 +188,12 @@ def test_a_release_the_outage_refused_is_retried(pg):
                 s.admit(key)
         finally:
             pg.start()
-        assert s.usage(key).in_flight == 1
+        assert idle.usage(key).in_flight == 1         # a stale connection: replaced, no error
         s.beat()
         assert s.usage(key).in_flight == 0 and s.admit(key) is not None
     finally:
         s.close()
+        idle.close()
 
 
 # ------------------------------------------------------------ the real proxies
