@@ -25,7 +25,7 @@ from .search.searxng import SearxngClient
 from .settings import Settings
 from .upstream import ModelCatalog, Upstream
 from .keys import admin as keys_admin
-from .keys.auth import KeyAuth, identity, is_model_request
+from .keys.auth import KeyAuth, identity, is_model_request, last_write
 from .keys.usage import Counting
 
 
@@ -123,7 +123,7 @@ def before():
         if usage is not None and key.id is not None and is_model_request(request.environ):
             # a key of the store: its usage row counts the request once it has ended
             # (proxy/keys/usage.py; the daily token limit reads the same rows)
-            rec.on_end.append(usage.reader(key))
+            rec.on_end.append(usage.reader(key, last_write(request.environ)))
     return None
 
 

@@ -147,11 +147,14 @@ class Store:
         """Usage rows kept in memory, not yet written (the database was down)."""
         return 0
 
-    def finish(self, key: Key, lease: str | None) -> None:
-        """A request of `key` ended: its lease released (a release that fails is
-        retried by the heartbeat)."""
+    def finish(self, key: Key, lease: str | None, usage: tuple | None = None) -> None:
+        """A request of `key` ended: its lease released and its usage row (`usage`:
+        model, Spent) added, in one transaction; what fails is retried by the
+        heartbeat."""
         if lease is not None:
             self.release(lease)
+        if usage is not None:
+            self.add_usage(key, *usage)
 
     def usage(self, key: Key) -> Usage:
         raise NotImplementedError
@@ -499,9 +502,30 @@ class SqlStore(Store):
             self._unreleased.add(lease)
             self._start_heartbeat()
 
-    def finish(self, key, lease):
-        if lease is not None:
-            self.release(lease)
+    def finish(self, key, lease, usage=None):
+        if usage is None or key.id is None:
+            if lease is not None:
+                self.release(lease)
+            return
+        row = (key.id, policy.day_of(self.clock()), usage[0])
+        with self._pending_lock:
+            rows = self._pending
+            self._pending = {}
+        rows[row] = rows[row] + usage[1] if row in rows else usage[1]
+
+        def go(cur):
+            if lease is not None:
+                self._x(cur, "DELETE FROM leases WHERE id = ?", (lease,))
+            self._upsert(cur, rows)
+        try:
+            self._run(go, write=True)
+        except StoreDown as e:
+            if lease is not None:
+                self._unreleased.add(lease)
+            self._keep(rows)
+            self._start_heartbeat()
+            log.warning("could not end a request of key '%s' (%s): its slot release and "
+                        "usage are retried when the database is back", key.name, e)
 
     # -------------------------------------------------------------- usage
     def add_usage(self, key, model, spent, day=None):

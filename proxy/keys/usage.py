@@ -10,7 +10,9 @@ when it ends: proxy/app.py `before` gives every model request (a POST under
 - counts it in the metrics with the key's name as a bounded label
   (proxy/metrics.py `key_usage`), then adds it to the key's row of the day
   in the database (store.add_usage: one UPSERT; kept and retried while the
-  database is down).
+  database is down). A request holding a concurrency lease hands its row to the
+  door's end instead (auth.LastWrite), which writes it in the release's
+  transaction: still one write at a request's end.
 
 The daily token limit reads its totals from the same rows. `totals` and `day`
 serve the admin route (GET /admin/usage) and the CLI (`python -m proxy.keys
@@ -23,6 +25,7 @@ import time
 from typing import Callable
 
 from ..record import NOT_READ, Record, requested_model
+from .auth import LastWrite
 from .policy import DAY, SPENT_FIELDS, Key, Spent
 from .store import Store
 
@@ -77,14 +80,19 @@ class Counting:
                 self._resolved[name] = (known or None, now + UNKNOWN_TTL)
         return known or None
 
-    def reader(self, key: Key) -> Callable[[Record], None]:
-        return lambda rec: self.count(key, rec)
+    def reader(self, key: Key, last: LastWrite | None = None) -> Callable[[Record], None]:
+        """The reader of a request's record; `last`: the request holds a lease, and
+        its row goes in the release's transaction while the door has not ended it."""
+        return lambda rec: self.count(key, rec, last)
 
-    def count(self, key: Key, rec: Record) -> None:
+    def count(self, key: Key, rec: Record, last: LastWrite | None = None) -> None:
         model, spent = model_of(rec, self.resolve), spent_of(rec)
         if self.metrics is not None:
             self.metrics.key_usage(key.name, model, spent)
-        self.store.add_usage(key, model, spent)
+        if last is not None and last.open:
+            last.usage = (model, spent)
+        else:
+            self.store.add_usage(key, model, spent)
 
 
 def day(n: int) -> str:

@@ -257,3 +257,37 @@ def test_model_names_are_asked_of_the_catalog_once(store, clock):
     assert asked == ["smol", "new-model", "new-model"]
     assert {r["model"]: r["requests"] for r in store.usage_rows()} == {
         "smollm2": 3, "new-model": 3, "new-model-id": 2}
+
+
+def test_a_leased_requests_end_is_one_write_with_its_usage(chat, tmp_path):
+    db = str(tmp_path / "keys.db")
+    _, token = SqliteStore(db).create("lea", max_concurrent=2)
+    c = make(chat, db)
+    store = c.application.extensions["proxy"]["keys"]
+    writes = []
+    real = store._run
+    store._run = lambda fn, write=False, key_id=None: (
+        writes.append(write), real(fn, write, key_id))[1]
+    chat.script(Reply(content="hello"))
+    r = c.post("/v1/chat/completions", json=CHAT, headers=bearer(token))
+    assert r.status_code == 200 and writes[-1] is True       # the key's lookup, its admission
+    writes.clear()
+    r.close()                               # the answer's end: the release with the usage row
+    assert writes == [True]
+    key = store.get("lea")
+    assert store.usage(key).in_flight == 0
+    assert [(x["requests"], x["prompt_tokens"]) for x in store.usage_rows()] == [(1, 10)]
+
+
+def test_a_leased_end_the_database_refused_is_retried_whole(store, monkeypatch):
+    monkeypatch.setattr(store, "_start_heartbeat", lambda: None)
+    key, _ = store.create("flo", max_concurrent=1)
+    lease = store.admit(key)
+    store.cut()
+    store.finish(key, lease, ("smollm2", Spent(1, prompt_tokens=7)))    # never raises
+    assert store.pending() == 1
+    store.down = False
+    assert store.usage(key).in_flight == 1          # until the heartbeat's beat
+    store.beat()
+    assert store.usage(key).in_flight == 0 and store.pending() == 0
+    assert [(r["requests"], r["prompt_tokens"]) for r in store.usage_rows()] == [(1, 7)]
