@@ -62,6 +62,19 @@ def openai_usage(usage: dict) -> tuple[int | None, int | None]:
     return count(usage.get("prompt_tokens")), count(usage.get("completion_tokens"))
 
 
+def cached_tokens(usage: dict) -> int | None:
+    """Of a usage object's prompt tokens, those the backend's prompt cache served
+    (None: it does not say): OpenAI's and vLLM's `prompt_tokens_details.cached_tokens`,
+    the Responses API's `input_tokens_details.cached_tokens`, Anthropic's
+    `cache_read_input_tokens`. llama.cpp's `timings.cache_n` says it too
+    (proxy/record.py reads it when the usage does not)."""
+    for details in ("prompt_tokens_details", "input_tokens_details"):
+        d = usage.get(details)
+        if isinstance(d, dict) and count(d.get("cached_tokens")) is not None:
+            return count(d.get("cached_tokens"))
+    return count(usage.get("cache_read_input_tokens"))
+
+
 def anthropic_usage(usage: dict) -> tuple[int | None, int | None]:
     """Anthropic counts cached prompt tokens apart from input_tokens: they are prompt too."""
     prompt = count(usage.get("input_tokens"))

@@ -25,7 +25,8 @@ from .search.searxng import SearxngClient
 from .settings import Settings
 from .upstream import ModelCatalog, Upstream
 from .keys import admin as keys_admin
-from .keys.auth import KeyAuth, identity
+from .keys.auth import KeyAuth, identity, is_model_request, last_write
+from .keys.usage import Counting
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -42,19 +43,21 @@ def create_app(settings: Settings | None = None) -> Flask:
                         api_key=settings.API_KEY, strip_auth=store is not None)
     catalog = ModelCatalog(upstream, settings.MODELS_TTL)
     activity = Activity()
+    metrics = Metrics(resolve=lambda name: catalog.lookup(name).get("id"), activity=activity)
     app.extensions["proxy"] = dict(
         settings=settings, upstream=upstream, catalog=catalog,
         searx=SearxngClient(settings.SEARXNG_URL, settings.SEARXNG_RESULTS,
                             settings.SEARXNG_TIMEOUT),
-        metrics=Metrics(resolve=lambda name: catalog.lookup(name).get("id"), activity=activity),
+        metrics=metrics,
         activity=activity, keys=store,
+        usage=None if store is None else Counting(
+            store, resolve=lambda name: catalog.lookup(name).get("id"), metrics=metrics),
         executor=cf.ThreadPoolExecutor(max_workers=16, thread_name_prefix="search"))
     app.before_request(before)
     app.after_request(after)
     app.register_blueprint(bp)
     app.register_blueprint(console.bp)
     app.register_blueprint(keys_admin.bp)
-    metrics = app.extensions["proxy"]["metrics"]
     # The door, outermost: nothing below runs (no body is read) for a refused request.
     refused = lambda environ, status: metrics.refused(environ, status)  # noqa: E731
     # With a key store, its check (proxy/keys/auth.py: API_KEY still an admin key);
@@ -109,16 +112,18 @@ def shaped(environ: dict, resp: Response) -> Response:
 def before():
     """The request's record (proxy/record.py), made as it arrives: its t0, route and
     dialect; the handlers fill it (passed to them by name), the writer as the
-    answer goes, the metrics and the activity list read it at the end."""
+    answer goes, the metrics and the activity list read it at the end, and, for
+    a model request of a key from the store, the key's usage (proxy/keys/usage.py)."""
     route = route_label(request.path)
     g.record = rec = Record(route, Activity.dialect(route), request.method)
     key = identity(request.environ)
     if key is not None:
         rec.who = key
-        store = current_app.extensions["proxy"]["keys"]
-        if store is not None and key.tokens_per_day:
-            # the key's day counts the answer's tokens once it has ended
-            rec.on_end.append(lambda r: r.tokens and store.add_tokens(key, r.tokens))
+        usage = current_app.extensions["proxy"]["usage"]
+        if usage is not None and key.id is not None and is_model_request(request.environ):
+            # a key of the store: its usage row counts the request once it has ended
+            # (proxy/keys/usage.py; the daily token limit reads the same rows)
+            rec.on_end.append(usage.reader(key, last_write(request.environ)))
     return None
 
 

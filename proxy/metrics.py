@@ -50,6 +50,9 @@ def route_label(path: str) -> str:
     return "other"
 
 
+# Keys named in the usage metrics' `key` label (per process), later ones `other`.
+KEY_LABELS = 50
+
 # The `method` label: these, else "other" (a method is any token a client sends).
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -101,6 +104,24 @@ class Metrics:
         self._search_rounds = Histogram(
             "proxy_search_rounds", "Search rounds per chat request with web_search.",
             buckets=common.COUNT_BUCKETS, registry=r)
+        # Usage per key (proxy/keys/usage.py): the key's name as a bounded label.
+        self._key_label = common.BoundedLabel(KEY_LABELS)
+        self._key_requests = Counter(
+            "proxy_key_requests", "Model requests of keys from the key store, by key and "
+            f"model (the first {KEY_LABELS} key names, later ones `other`).", ("key", "model"),
+            registry=r)
+        self._key_prompt = Counter(
+            "proxy_key_prompt_tokens", "Prompt tokens of keys' requests (cached ones "
+            "included), by key and model.", ("key", "model"), registry=r)
+        self._key_cached = Counter(
+            "proxy_key_cached_tokens", "Prompt tokens the backend's cache served, of keys' "
+            "requests, by key and model.", ("key", "model"), registry=r)
+        self._key_completion = Counter(
+            "proxy_key_completion_tokens", "Completion tokens of keys' requests, by key and "
+            "model.", ("key", "model"), registry=r)
+        self._key_wait = Counter(
+            "proxy_key_queue_wait_seconds", "Seconds keys' requests waited in the swapper "
+            "(queue, load, swap), by key and model.", ("key", "model"), registry=r)
         # The children each request writes, looked up once per label values.
         self._requests_of = common.Children(self._requests)
         self._duration_of = common.Children(self._duration)
@@ -109,6 +130,9 @@ class Metrics:
         self._prompt_tokens_of = common.Children(self._prompt_tokens)
         self._completion_tokens_of = common.Children(self._completion_tokens)
         self._decode_rate_of = common.Children(self._decode_rate)
+        self._key_of = [common.Children(m) for m in (
+            self._key_requests, self._key_prompt, self._key_cached, self._key_completion,
+            self._key_wait)]
 
     # ------------------------------------------------------------- requests
     def observe(self, resp, record: Record):
@@ -189,6 +213,15 @@ class Metrics:
             self._decode_rate_of(label).observe(per_second)
         if first_token is not None:
             self._first_token_of(label).observe(first_token)
+
+    def key_usage(self, key: str, model: str, spent) -> None:
+        """One request of a key from the store ended (proxy/keys/usage.py)."""
+        labels = (self._key_label(key), self._bounded(model or None))
+        for child, value in zip(self._key_of, (
+                spent.requests, spent.prompt_tokens, spent.cached_tokens,
+                spent.completion_tokens, spent.queue_wait_seconds)):
+            if value:
+                child(*labels).inc(value)
 
     # ------------------------------------------------------------- search
     def search(self, failure_kind: str | None) -> None:

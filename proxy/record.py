@@ -11,7 +11,8 @@ common/dialects.py, streamed or not: the last value of each field wins), the
 search rounds, the queue wait (the swapper's word, common.queuewait: its
 X-Queue-Wait header or its `: queue-wait` comment before a stream's events, summed
 over search rounds), and `who` (the request's key, proxy/keys: its name is listed,
-its tokens counted by the readers the door adds to `on_end`).
+its usage counted by the reader proxy/app.py `before` adds to `on_end`:
+proxy/keys/usage.py).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from common import guard, queuewait, sse
-from common.dialects import count, openai_usage
+from common.dialects import cached_tokens, count, openai_usage
 
 log = logging.getLogger("proxy.record")
 
@@ -33,8 +34,9 @@ MAX_JSON_BYTES = 8 * 1024 * 1024
 class Record:
     __slots__ = ("t0", "route", "dialect", "method", "time", "model", "status", "stream",
                  "first_byte", "seconds", "rounds", "queue_wait", "who", "usage",
-                 "answered", "prompt", "completion", "per_second", "timed_prompt",
-                 "timed_completion", "first_data", "last_data", "on_end", "_ended", "_rest", "body")
+                 "answered", "prompt", "cached", "completion", "per_second", "timed_prompt",
+                 "timed_cached", "timed_completion", "first_data", "last_data", "on_end",
+                 "_ended", "_rest", "body")
 
     def __init__(self, route: str, dialect: str | None = None, method: str | None = None,
                  t0: float | None = None, clock=time.time):
@@ -49,7 +51,8 @@ class Record:
         self.who = None
         self.usage: Callable | None = None       # the dialect's usage reader: tokens counted
         self.answered = self.prompt = self.completion = self.per_second = None
-        self.timed_prompt = self.timed_completion = None
+        self.cached = None      # of the prompt tokens, those the backend's cache served
+        self.timed_prompt = self.timed_completion = self.timed_cached = None
         self.first_data = self.last_data = None
         self.on_end: list[Callable[["Record"], None]] = []     # its readers, in order
         self._ended = False
@@ -151,6 +154,8 @@ class Record:
                 p, c = (self.usage or openai_usage)(usage)
                 self.prompt = p if p is not None else self.prompt
                 self.completion = c if c is not None else self.completion
+                cached = cached_tokens(usage)
+                self.cached = cached if cached is not None else self.cached
         timings = obj.get("timings")        # llama.cpp: also in streams without usage
         if isinstance(timings, dict):
             rate = timings.get("predicted_per_second")
@@ -158,6 +163,7 @@ class Record:
                 self.per_second = float(rate)
             n, cached = count(timings.get("prompt_n")), count(timings.get("cache_n")) or 0
             self.timed_prompt = None if n is None else n + cached
+            self.timed_cached = None if n is None else cached
             self.timed_completion = count(timings.get("predicted_n"))
 
     # ------------------------------------------------------------ the end
@@ -174,6 +180,8 @@ class Record:
             # A stream without usage (the client did not ask for it): llama.cpp's timings
             # count the same tokens.
             self.prompt, self.completion = self.timed_prompt, self.timed_completion
+        if self.cached is None:
+            self.cached = self.timed_cached     # llama.cpp's cache_n (its usage may not say)
         for reader in self.on_end:
             _safely(lambda: reader(self))
 

@@ -3,7 +3,7 @@
 `current_app.extensions["proxy"]` (create_app puts them there)."""
 from __future__ import annotations
 
-from flask import Blueprint, current_app, g, request
+from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from common import guard
 from common.errors import ApiError
@@ -12,6 +12,7 @@ from common.streaming import forward_headers, iter_upstream, relay
 
 from . import dialects
 from .record import noting_waits
+from .keys import policy
 from .keys.auth import check_model, identity
 
 bp = Blueprint("proxy", __name__)
@@ -84,18 +85,40 @@ def passthrough(rest=None):
     target = _unaliased(guard.raw_target(request.environ))
     path, _, query = target.partition("?")
     data = request.get_data() if request.method not in ("GET", "HEAD") else None
-    if data and identity(request.environ) is not None and request.path.startswith("/v1/"):
-        check_model(request.environ, _model_of(data), parts()["catalog"])
+    rec = g.record
+    key = identity(request.environ)
+    if data and key is not None and request.path.startswith("/v1/"):
+        rec.model = _model_of(data)             # the key's usage row names it
+        check_model(request.environ, rec.model, parts()["catalog"])
     r = parts()["upstream"].request(request.method, path, query=query,
                                     headers=forward_headers(request.headers),
                                     data=data or None, environ=request.environ)
-    rec = g.record
     rec.note_header(r.headers)
+    if key is not None and "*" not in key.models and request.method == "GET" \
+            and path == "/v1/models" and r.status_code == 200:
+        return _in_scope(r, key)
     if rec.dialect is not None and \
             r.headers.get("content-type", "").startswith("text/event-stream"):
         # A listed request's stream (/v1/completions): its queue wait noted.
         return relay(r, body=noting_waits(iter_upstream(r), rec))
     return relay(r)
+
+
+def _in_scope(r, key) -> Response:
+    """The upstream's model list with only the models `key` may use (an entry
+    passes when its id or one of its aliases matches the key's list)."""
+    try:
+        body = guard.answer_json(r.content)
+    except ValueError:
+        body = None
+    finally:
+        r.close()
+    if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+        raise ApiError("the model list could not be read", 502, code="bad_upstream")
+    body["data"] = [m for m in body["data"] if isinstance(m, dict) and isinstance(
+        m.get("id"), str) and policy.may_use(key.models, m["id"], [
+            a for a in m.get("aliases") or () if isinstance(a, str)])]
+    return jsonify(body)
 
 
 def _model_of(data: bytes) -> str | None:

@@ -6,10 +6,12 @@ models it may use and optional limits, in a database (docs/keys.md).
   databases;
 - auth.py: the door's check (KeyAuth), the model scope check, and the request's
   key (`identity(environ)`, `environ[auth.KEY]`);
-- admin.py: GET/POST /admin/keys...; cli.py: `python -m proxy.keys`.
+- usage.py: usage per key, counted from each request's record at its end;
+- admin.py: GET/POST /admin/keys..., GET /admin/usage; cli.py: `python -m proxy.keys`.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 from urllib.parse import urlsplit
 
@@ -26,9 +28,16 @@ def open_store(settings) -> Store | None:
         from .postgres import PostgresStore
         u = urlsplit(settings.KEYS_DATABASE_URL)
         log.info("keys: PostgreSQL at %s%s", u.hostname or "(socket)", u.path)  # no password
-        return PostgresStore(settings.KEYS_DATABASE_URL)
+        return _closed_at_exit(PostgresStore(settings.KEYS_DATABASE_URL))
     if settings.KEYS_DB:
         from .sqlite import SqliteStore
         log.info("keys: SQLite at %s", settings.KEYS_DB)
-        return SqliteStore(settings.KEYS_DB)
+        return _closed_at_exit(SqliteStore(settings.KEYS_DB))
     return None
+
+
+def _closed_at_exit(store: Store) -> Store:
+    """At the process's exit the store writes the usage rows it still holds (the
+    database was down) once more, then closes its connections."""
+    atexit.register(store.close)
+    return store

@@ -7,6 +7,9 @@
     GET  /admin/keys/<name>             one key, with its usage now
     POST /admin/keys/<name>             the fields to change (null clears a limit)
     POST /admin/keys/<name>/revoke      revoked at once (refused within a second)
+    GET  /admin/usage?key=&model=&since=&until=
+                                        usage per key, model and UTC day (since /
+                                        until: YYYY-MM-DD, inclusive): rows and totals
 
 State changes are POSTs (a link or an <img> changes nothing). Without a store
 (no KEYS_DB, no KEYS_DATABASE_URL) they answer 404 saying so."""
@@ -16,6 +19,7 @@ from flask import Blueprint, current_app, request
 
 from common.errors import ApiError
 
+from . import usage as usage_mod
 from .store import FIELDS, StoreDown, UnknownKey
 
 bp = Blueprint("keys", __name__)
@@ -86,3 +90,22 @@ def update_key(name):
 @bp.post("/admin/keys/<name>/revoke")
 def revoke_key(name):
     return {"key": _call(_store().revoke, name).public()}
+
+
+@bp.get("/admin/usage")
+def usage():
+    args = request.args
+    days = {}
+    for bound in ("since", "until"):
+        value = args.get(bound)
+        if value:
+            try:
+                days[bound] = usage_mod.day_number(value)
+            except ValueError:
+                raise ApiError(f"{bound} is a UTC date, YYYY-MM-DD, not {value!r}", 400,
+                               code="invalid_date") from None
+    store = _store()
+    rows = _call(store.usage_rows, name=args.get("key") or None,
+                 model=args.get("model") or None, **days)
+    return {"rows": usage_mod.shown(rows), "totals": usage_mod.totals(rows),
+            "pending_rows": store.pending()}

@@ -19,8 +19,9 @@ Order of a request at the door, before its body is read:
 7. A model request (POST under /v1/) of a key with limits is admitted by the
    store (429 with Retry-After over a limit); its lease, when it took one, is
    released when the answer's iterable is closed, however the request ends (a
-   client gone mid-stream included). The answer's tokens are added to the key's
-   day by the request's record when it ends (proxy/app.py `before`).
+   client gone mid-stream included). The request's usage row is written from
+   its record when it ends (proxy/app.py `before`, proxy/keys/usage.py): in the
+   release's transaction when it holds a lease (LastWrite), else on its own.
 8. The database unreachable at any step that needs it: 503, Retry-After: 1
    (nothing is served unchecked); the next request asks again.
 
@@ -47,6 +48,7 @@ from .store import Limited, Store, StoreDown
 log = logging.getLogger("proxy.keys")
 
 KEY = "coding_stack.key"                # environ: the request's policy.Key
+LAST_WRITE = "coding_stack.last_write"  # environ: a leased request's LastWrite
 TENANT_HEADER = "X-Coding-Stack-Tenant"
 WEIGHT_HEADER = "X-Coding-Stack-Weight"
 CACHE_SECONDS = 1.0
@@ -102,6 +104,21 @@ class Ending:
                 close()
         finally:
             self.end()
+
+
+class LastWrite:
+    """What a request's end writes with its lease's release (`usage`: the model
+    and policy.Spent of its usage row), while `open` (until the door's end)."""
+
+    __slots__ = ("open", "usage")
+
+    def __init__(self):
+        self.open = True
+        self.usage = None
+
+
+def last_write(environ: dict) -> LastWrite | None:
+    return environ.get(LAST_WRITE)
 
 
 class Cached:
@@ -194,13 +211,22 @@ class KeyAuth:
 
     def _served(self, environ, start_response, key: Key, lease: str | None):
         done = False
+        last = None
+        if lease is not None:
+            # The request's usage row, when its record ends first (it does: the
+            # answer's close, inside Ending's), goes in the release's transaction.
+            environ[LAST_WRITE] = last = LastWrite()
 
         def end():
             nonlocal done
             if done:
                 return
             done = True
-            self.store.finish(key, lease)
+            if last is None:
+                self.store.finish(key, lease)
+                return
+            last.open = False
+            self.store.finish(key, lease, last.usage)
         try:
             inner = self.app(environ, start_response)
         except BaseException:

@@ -8,6 +8,7 @@ it is not stored (only its sha256) and cannot be shown again.
     python -m proxy.keys list [--revoked] [--json]
     python -m proxy.keys update alice --max-concurrent 2 --rpm none --weight 2
     python -m proxy.keys revoke alice
+    python -m proxy.keys usage [--key alice] [--model qwen-moe] [--days 7] [--json]
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import sys
 from common.config import exit_on_error
 
 from . import open_store, policy
+from . import usage as usage_mod
 from .store import StoreDown, UnknownKey
 
 
@@ -76,6 +78,12 @@ def parser() -> argparse.ArgumentParser:
     fields(u, False)
     r = sub.add_parser("revoke", help="refused from now on (within a second)")
     r.add_argument("name")
+    us = sub.add_parser("usage", help="usage per key, model and UTC day, with totals")
+    us.add_argument("--key", help="this key's name only")
+    us.add_argument("--model", help="this model only (its id)")
+    us.add_argument("--days", type=_limit, default=7,
+                    help="the last N UTC days, today included (default 7; 'none': all)")
+    us.add_argument("--json", action="store_true")
     return p
 
 
@@ -86,6 +94,29 @@ def _row(k) -> str:
                        if v is not None) or "no limits"
     state = " REVOKED" if k.revoked is not None else ""
     return f"{k.name}\t{k.role}\t{','.join(k.models)}\tweight={k.weight:g}\t{limits}{state}"
+
+
+def _usage(store, args, out) -> None:
+    since = None if args.days is None else \
+        usage_mod.today(store.clock()) - args.days + 1
+    rows = store.usage_rows(name=args.key, model=args.model, since=since)
+    totals = usage_mod.totals(rows)
+    if args.json:
+        print(json.dumps({"rows": usage_mod.shown(rows), "totals": totals}, indent=2),
+              file=out)
+        return
+    head = ("day", "key", "model", "requests", "prompt", "cached", "completion",
+            "queue_wait_s", "load_s")
+    lines = [head] + [(usage_mod.day(r["day"]), r["key"], r["model"] or "-",
+                       *(_figure(r[c]) for c in policy.SPENT_FIELDS)) for r in rows]
+    lines.append(("total", "", "", *(_figure(totals[c]) for c in policy.SPENT_FIELDS)))
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
+    for line in lines:
+        print("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip(), file=out)
+
+
+def _figure(v) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
 def main(argv: list[str] | None = None, settings=None, out=sys.stdout) -> int:
@@ -118,6 +149,8 @@ def main(argv: list[str] | None = None, settings=None, out=sys.stdout) -> int:
             print(_row(store.update(args.name, **changes)), file=out)
         elif args.command == "revoke":
             print(_row(store.revoke(args.name)), file=out)
+        elif args.command == "usage":
+            _usage(store, args, out)
     except (UnknownKey, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -100,6 +100,34 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class Spent:
+    """What a key's requests used, for one model and UTC day (one request's, or a
+    sum): a row of the usage table (proxy/keys/usage.py, store.add_usage)."""
+    requests: int = 0
+    prompt_tokens: int = 0              # all of the prompt, cached tokens included
+    cached_tokens: int = 0              # of the prompt, served by the backend's cache
+    completion_tokens: int = 0
+    queue_wait_seconds: float = 0.0     # waited in the swapper (queue, load, swap)
+    load_seconds: float = 0.0           # loads charged to the key (0: see docs/keys.md)
+
+    def __add__(self, other: "Spent") -> "Spent":
+        return Spent(*(a + b for a, b in zip(self.values(), other.values())))
+
+    def values(self) -> tuple:
+        return (self.requests, self.prompt_tokens, self.cached_tokens,
+                self.completion_tokens, self.queue_wait_seconds, self.load_seconds)
+
+    @property
+    def tokens(self) -> int:
+        """What the daily token limit counts: prompt + completion."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+SPENT_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens",
+                "queue_wait_seconds", "load_seconds")
+
+
+@dataclass(frozen=True)
 class Refusal:
     limit: str                          # "max_concurrent" | "rpm" | "tokens_per_day"
     retry_after: int                    # whole seconds, at least 1

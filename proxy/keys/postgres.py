@@ -4,7 +4,8 @@ itself, so the router passes them through; docs/keys.md). Driver: psycopg 3.
 
 A few connections per process are kept (store.SqlStore's pool); one that
 failed is dropped, so when the database comes back the next operation connects
-again. Connecting gives up after
+again (one that fails at its transaction's first statement, after a restart of
+the server, is replaced at once and the idle ones with it: no 503 for it). Connecting gives up after
 CONNECT_TIMEOUT seconds: an unreachable database is a quick 503, not a hang.
 An admission locks its key's row (SELECT ... FOR UPDATE) for the transaction,
 so two proxies cannot both take a key's last slot. Under gunicorn's gevent
@@ -22,6 +23,7 @@ CONNECT_TIMEOUT = 2
 
 class PostgresStore(SqlStore):
     MARK = "%s"
+    STALE_CONNECTIONS = True
     SCHEMA = (
         "CREATE TABLE IF NOT EXISTS keys (id BIGSERIAL PRIMARY KEY, name TEXT NOT NULL, "
         "hash TEXT NOT NULL UNIQUE, role TEXT NOT NULL, models TEXT NOT NULL, "
@@ -32,8 +34,11 @@ class PostgresStore(SqlStore):
         "WHERE revoked IS NULL",
         "CREATE TABLE IF NOT EXISTS minute_counts (key_id BIGINT NOT NULL, "
         "minute BIGINT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (key_id, minute))",
-        "CREATE TABLE IF NOT EXISTS day_tokens (key_id BIGINT NOT NULL, day BIGINT NOT NULL, "
-        "tokens BIGINT NOT NULL, PRIMARY KEY (key_id, day))",
+        "CREATE TABLE IF NOT EXISTS key_usage (key_id BIGINT NOT NULL, day BIGINT NOT NULL, "
+        "model TEXT NOT NULL, requests BIGINT NOT NULL, prompt_tokens BIGINT NOT NULL, "
+        "cached_tokens BIGINT NOT NULL, completion_tokens BIGINT NOT NULL, "
+        "queue_wait_seconds DOUBLE PRECISION NOT NULL, "
+        "load_seconds DOUBLE PRECISION NOT NULL, PRIMARY KEY (key_id, day, model))",
         "CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, "
         "seen DOUBLE PRECISION NOT NULL)",
         "CREATE TABLE IF NOT EXISTS leases (id TEXT PRIMARY KEY, key_id BIGINT NOT NULL, "

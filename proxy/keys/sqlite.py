@@ -29,8 +29,11 @@ class SqliteStore(SqlStore):
         "WHERE revoked IS NULL",
         "CREATE TABLE IF NOT EXISTS minute_counts (key_id INTEGER NOT NULL, "
         "minute INTEGER NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (key_id, minute))",
-        "CREATE TABLE IF NOT EXISTS day_tokens (key_id INTEGER NOT NULL, day INTEGER NOT NULL, "
-        "tokens INTEGER NOT NULL, PRIMARY KEY (key_id, day))",
+        "CREATE TABLE IF NOT EXISTS key_usage (key_id INTEGER NOT NULL, day INTEGER NOT NULL, "
+        "model TEXT NOT NULL, requests INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, "
+        "cached_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, "
+        "queue_wait_seconds REAL NOT NULL, load_seconds REAL NOT NULL, "
+        "PRIMARY KEY (key_id, day, model))",
         "CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, seen REAL NOT NULL)",
         "CREATE TABLE IF NOT EXISTS leases (id TEXT PRIMARY KEY, key_id INTEGER NOT NULL, "
         "owner TEXT NOT NULL, started REAL NOT NULL)",

@@ -12,8 +12,8 @@ proxy sharing it sees one count:
 
 - requests per minute: a row per key and minute (`minute_counts`), incremented
   when a request is admitted;
-- tokens per day: a row per key and UTC day (`day_tokens`), added to when an
-  answer ends;
+- tokens per day: the sum of the key's prompt + completion tokens of the UTC
+  day in the usage table (below);
 - concurrent requests: a row per request being served (`leases`), inserted when
   it is admitted and deleted when it ends (auth.py's `finally`). Each row names
   the process that holds it (`owner`); each process marks itself alive every
@@ -24,6 +24,15 @@ proxy sharing it sees one count:
 Admission (`admit`) reads the counts and writes the increments in one
 transaction that holds the key's write lock (SQLite: BEGIN IMMEDIATE; PostgreSQL:
 the key's row FOR UPDATE), so two workers cannot both take the last slot.
+
+Usage per key (`key_usage`): a row per key, UTC day and model with its
+counters (requests, prompt / cached / completion tokens, queue wait and load
+seconds: policy.Spent), added to by one UPSERT statement per row when a
+request ends (`add_usage`, from the request's record: proxy/keys/usage.py). A
+write the database refuses (it is down) is kept in this process's memory,
+summed per row (bounded: MAX_PENDING rows), and written with the next write
+that succeeds or by the heartbeat, which retries it every HEARTBEAT seconds
+until the database is back; `close()` (the process's exit) tries it once more.
 
 Any failure to reach the database raises StoreDown (the door answers 503).
 """
@@ -42,7 +51,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from . import policy
-from .policy import Key, Refusal, Usage
+from .policy import SPENT_FIELDS, Key, Refusal, Spent, Usage
 
 log = logging.getLogger("proxy.keys")
 
@@ -52,12 +61,17 @@ STALE = 30.0            # a process not seen for this long holds no lease
 POOL = 4                # idle connections kept per process
 MAX_CONNECTIONS = 8     # open at once per process (PostgreSQL's own cap is ~100 in all)
 CONNECTION_WAIT = 5.0   # seconds a request waits for one before it is a 503
+MAX_PENDING = 10000     # usage rows kept in memory while the database is down
 
 FIELDS = ("role", "models", "max_concurrent", "rpm", "tokens_per_day", "weight")
 
 
 class StoreDown(Exception):
     """The key database cannot be reached (or answered an error)."""
+
+
+class _Stale(Exception):
+    """A pooled connection failed at its transaction's first statement."""
 
 
 class Limited(Exception):
@@ -117,15 +131,30 @@ class Store:
     def release(self, lease: str) -> None:
         raise NotImplementedError
 
-    def add_tokens(self, key: Key, tokens: int) -> None:
+    def add_usage(self, key: Key, model: str, spent: Spent, day: int | None = None) -> None:
+        """A request of `key` on `model` ended and used `spent` (its UTC `day`: today
+        when None). Never raises for the database: a write it refuses is kept and
+        retried (the module's doc)."""
         raise NotImplementedError
 
-    def finish(self, key: Key, lease: str | None, tokens: int = 0) -> None:
-        """A request of `key` ended: its lease released and its tokens counted, in
-        one transaction (a release that fails is retried by the heartbeat)."""
+    def usage_rows(self, name: str | None = None, model: str | None = None,
+                   since: int | None = None, until: int | None = None) -> list[dict]:
+        """The usage table's rows (key name, model, day, the counters) of the days
+        from `since` to `until` (UTC day numbers, inclusive), per key name."""
+        raise NotImplementedError
+
+    def pending(self) -> int:
+        """Usage rows kept in memory, not yet written (the database was down)."""
+        return 0
+
+    def finish(self, key: Key, lease: str | None, usage: tuple | None = None) -> None:
+        """A request of `key` ended: its lease released and its usage row (`usage`:
+        model, Spent) added, in one transaction; what fails is retried by the
+        heartbeat."""
         if lease is not None:
             self.release(lease)
-        self.add_tokens(key, tokens)
+        if usage is not None:
+            self.add_usage(key, *usage)
 
     def usage(self, key: Key) -> Usage:
         raise NotImplementedError
@@ -175,6 +204,10 @@ class SqlStore(Store):
 
     SCHEMA: tuple[str, ...] = ()
     MARK = "?"
+    # Whether a pooled connection can go stale (a server that restarted drops it):
+    # then one that fails at its first statement is replaced and the work done once
+    # more on a new connection.
+    STALE_CONNECTIONS = False
 
     def __init__(self, clock=time.time):
         self.clock = clock
@@ -185,6 +218,9 @@ class SqlStore(Store):
         self._beating = False
         self._marked = float("-inf")        # when this process last marked itself alive
         self._pruned: dict[int, int] = {}   # key id -> the minute its old counts went
+        self._pending: dict[tuple[int, int, str], Spent] = {}   # (key id, day, model)
+        self._pending_lock = threading.Lock()
+        self.dropped = 0                    # usage rows lost: MAX_PENDING was reached
         self._idle: queue.LifoQueue = queue.LifoQueue(maxsize=POOL)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
@@ -194,10 +230,11 @@ class SqlStore(Store):
         raise NotImplementedError
 
     @contextmanager
-    def _conn(self) -> Iterator:
+    def _conn(self, fresh: bool = False) -> Iterator:
         """A connection of this process's small pool (LIFO, none shared between two
-        greenlets at once, at most MAX_CONNECTIONS open); one that failed is
-        closed, so a database that comes back is connected to again."""
+        greenlets at once, at most MAX_CONNECTIONS open), or a new one (`fresh`);
+        one that failed is closed, so a database that comes back is connected to
+        again."""
         if not self._slots.acquire(timeout=CONNECTION_WAIT):
             raise StoreDown(f"all {MAX_CONNECTIONS} of this process's database connections "
                             f"stayed busy for {CONNECTION_WAIT:g} s")
@@ -205,6 +242,8 @@ class SqlStore(Store):
         ok = False
         try:
             try:
+                if fresh:
+                    raise queue.Empty
                 conn = self._idle.get_nowait()
             except queue.Empty:
                 conn = self._connect()
@@ -226,7 +265,24 @@ class SqlStore(Store):
             finally:
                 self._slots.release()
 
+    def _drop_idle(self) -> None:
+        """Close the idle connections (made before the database restarted)."""
+        while True:
+            try:
+                conn = self._idle.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - it is gone anyway
+                pass
+
     def close(self) -> None:
+        if self._pending:
+            try:
+                self._flush()
+            except StoreDown as e:
+                log.error("%d usage row(s) not written at exit: %s", len(self._pending), e)
         while True:
             try:
                 self._idle.get_nowait().close()
@@ -246,25 +302,38 @@ class SqlStore(Store):
         and keeps the connection."""
         self._ensure_schema()
         answer = None
-        try:
-            with self._conn() as conn:
-                cur = conn.cursor()
-                if write:
-                    self._lock(cur, key_id)
-                else:
-                    cur.execute("BEGIN")
-                try:
-                    out = fn(cur)
-                except (Limited, UnknownKey, ValueError) as e:
-                    conn.rollback()
-                    answer = e
-                except BaseException:
-                    conn.rollback()
-                    raise
-                else:
-                    conn.commit()
-        except Exception as e:  # noqa: BLE001 - any driver error is the database's
-            raise StoreDown(f"{type(e).__name__}: {e}") from e
+        for fresh in (False, True):
+            try:
+                with self._conn(fresh) as conn:
+                    cur = conn.cursor()
+                    try:
+                        if write:
+                            self._lock(cur, key_id)
+                        else:
+                            cur.execute("BEGIN")
+                    except Exception:
+                        if fresh or not self.STALE_CONNECTIONS:
+                            raise
+                        # A pooled connection the database dropped (it restarted):
+                        # nothing was done on it; the idle ones are as stale. Once
+                        # more on a new connection.
+                        self._drop_idle()
+                        raise _Stale from None
+                    try:
+                        out = fn(cur)
+                    except (Limited, UnknownKey, ValueError) as e:
+                        conn.rollback()
+                        answer = e
+                    except BaseException:
+                        conn.rollback()
+                        raise
+                    else:
+                        conn.commit()
+                break
+            except _Stale:
+                continue
+            except Exception as e:  # noqa: BLE001 - any driver error is the database's
+                raise StoreDown(f"{type(e).__name__}: {e}") from e
         if answer is not None:
             raise answer
         return out
@@ -379,9 +448,9 @@ class SqlStore(Store):
                           (key.id, policy.minute_of(now))).fetchone()
             this_minute = row[0] if row else 0
         if key.tokens_per_day is not None:
-            row = self._x(cur, "SELECT tokens FROM day_tokens WHERE key_id = ? AND day = ?",
-                          (key.id, policy.day_of(now))).fetchone()
-            tokens = row[0] if row else 0
+            tokens = self._x(cur, "SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) "
+                                  "FROM key_usage WHERE key_id = ? AND day = ?",
+                             (key.id, policy.day_of(now))).fetchone()[0]
         return Usage(int(in_flight), int(this_minute), int(tokens))
 
     def usage(self, key):
@@ -433,34 +502,107 @@ class SqlStore(Store):
             self._unreleased.add(lease)
             self._start_heartbeat()
 
-    def add_tokens(self, key, tokens):
-        if tokens <= 0 or key.id is None:
+    def finish(self, key, lease, usage=None):
+        if usage is None or key.id is None:
+            if lease is not None:
+                self.release(lease)
             return
-        self._run(lambda cur: self._count(cur, key, tokens), write=True)
-
-    def _count(self, cur, key: Key, tokens: int) -> None:
-        self._x(cur, "INSERT INTO day_tokens (key_id, day, tokens) VALUES (?, ?, ?) "
-                     "ON CONFLICT (key_id, day) DO UPDATE SET tokens = day_tokens.tokens + "
-                     "excluded.tokens", (key.id, policy.day_of(self.clock()), tokens))
-
-    def finish(self, key, lease, tokens=0):
-        count = tokens > 0 and key.id is not None and key.tokens_per_day is not None
-        if lease is None and not count:
-            return
+        row = (key.id, policy.day_of(self.clock()), usage[0])
+        with self._pending_lock:
+            rows = self._pending
+            self._pending = {}
+        rows[row] = rows[row] + usage[1] if row in rows else usage[1]
 
         def go(cur):
             if lease is not None:
                 self._x(cur, "DELETE FROM leases WHERE id = ?", (lease,))
-            if count:
-                self._count(cur, key, tokens)
+            self._upsert(cur, rows)
         try:
             self._run(go, write=True)
         except StoreDown as e:
             if lease is not None:
                 self._unreleased.add(lease)
-                self._start_heartbeat()
-            log.warning("could not end a request of key '%s' (%s): its slot is released "
-                        "by the heartbeat; %d tokens not counted", key.name, e, tokens)
+            self._keep(rows)
+            self._start_heartbeat()
+            log.warning("could not end a request of key '%s' (%s): its slot release and "
+                        "usage are retried when the database is back", key.name, e)
+
+    # -------------------------------------------------------------- usage
+    def add_usage(self, key, model, spent, day=None):
+        if key.id is None:
+            return
+        row = (key.id, policy.day_of(self.clock()) if day is None else day, model)
+        with self._pending_lock:
+            rows = self._pending
+            self._pending = {}
+        rows[row] = rows[row] + spent if row in rows else spent
+        self._write(rows)
+
+    def _write(self, rows: dict) -> None:
+        """Write these rows in one transaction; kept for the heartbeat if it fails."""
+        try:
+            self._run(lambda cur: self._upsert(cur, rows), write=True)
+        except StoreDown as e:
+            self._keep(rows)
+            log.warning("usage not written (%s): %d row(s) kept, retried when the database "
+                        "is back", e, len(self._pending))
+            self._start_heartbeat()
+
+    def _keep(self, rows: dict) -> None:
+        with self._pending_lock:
+            for row, spent in rows.items():
+                if row in self._pending:
+                    self._pending[row] = self._pending[row] + spent
+                elif len(self._pending) < MAX_PENDING:
+                    self._pending[row] = spent
+                else:
+                    self.dropped += 1
+                    log.error("usage row of key id %s lost: %d rows already wait for the "
+                              "database", row[0], MAX_PENDING)
+
+    def _flush(self) -> None:
+        """Write the kept rows (StoreDown: they stay kept)."""
+        with self._pending_lock:
+            rows = self._pending
+            self._pending = {}
+        if not rows:
+            return
+        try:
+            self._run(lambda cur: self._upsert(cur, rows), write=True)
+        except StoreDown:
+            self._keep(rows)
+            raise
+
+    def pending(self):
+        return len(self._pending)
+
+    def _upsert(self, cur, rows: dict) -> None:
+        cols = ", ".join(SPENT_FIELDS)
+        sets = ", ".join(f"{c} = key_usage.{c} + excluded.{c}" for c in SPENT_FIELDS)
+        q = (f"INSERT INTO key_usage (key_id, day, model, {cols}) VALUES "
+             f"(?, ?, ?, {', '.join('?' * len(SPENT_FIELDS))}) "
+             f"ON CONFLICT (key_id, day, model) DO UPDATE SET {sets}")
+        for (key_id, day, model), spent in rows.items():
+            self._x(cur, q, (key_id, day, model, *spent.values()))
+
+    def usage_rows(self, name=None, model=None, since=None, until=None):
+        where, args = [], []
+        for cond, value in (("k.name = ?", name), ("u.model = ?", model),
+                            ("u.day >= ?", since), ("u.day <= ?", until)):
+            if value is not None:
+                where.append(cond)
+                args.append(value)
+        sums = ", ".join(f"SUM(u.{c})" for c in SPENT_FIELDS)
+        q = (f"SELECT k.name, u.model, u.day, {sums} FROM key_usage u "
+             "JOIN keys k ON k.id = u.key_id" + (" WHERE " + " AND ".join(where) if where else "")
+             + " GROUP BY k.name, u.model, u.day ORDER BY u.day, k.name, u.model")
+
+        def go(cur):
+            return [{"key": r[0], "model": r[1], "day": int(r[2]),
+                     **{c: (float(v) if c.endswith("seconds") else int(v))
+                        for c, v in zip(SPENT_FIELDS, r[3:])}}
+                    for r in self._x(cur, q, args).fetchall()]
+        return self._run(go)
 
     # -------------------------------------------------------------- liveness
     def _start_heartbeat(self) -> None:
@@ -478,10 +620,13 @@ class SqlStore(Store):
                 log.debug("keys heartbeat failed: %s", e)
 
     def beat(self) -> None:
-        """Mark this process alive, retry the releases that failed, forget the
-        leases of processes gone for STALE seconds."""
+        """Mark this process alive, retry the releases and the usage writes that
+        failed, forget the leases of processes gone for STALE seconds."""
         now = self.clock()
         pending = list(self._unreleased)
+        with self._pending_lock:
+            rows = self._pending
+            self._pending = {}
 
         def go(cur):
             self._mark_alive(cur, now)
@@ -490,5 +635,10 @@ class SqlStore(Store):
             self._x(cur, "DELETE FROM leases WHERE owner IN "
                          "(SELECT owner FROM owners WHERE seen < ?)", (now - 2 * STALE,))
             self._x(cur, "DELETE FROM owners WHERE seen < ?", (now - 2 * STALE,))
-        self._run(go, write=True)
+            self._upsert(cur, rows)
+        try:
+            self._run(go, write=True)
+        except StoreDown:
+            self._keep(rows)
+            raise
         self._unreleased.difference_update(pending)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ import requests
 from proxy.keys import policy, store as store_mod
 from proxy.keys.postgres import PostgresStore
 from proxy.keys.sqlite import SqliteStore
+from proxy.keys.policy import Spent
 from proxy.keys.store import Limited, StoreDown
 from tests.support.chat import Reply, ScriptedChat
 from tests.support.clock import Clock
@@ -91,7 +93,7 @@ def two(request, pg, tmp_path):
     else:
         url = pg.url.rsplit("/", 1)[0] + "/contract"
         with psycopg.connect(url, autocommit=True) as c:
-            c.execute("DROP TABLE IF EXISTS keys, minute_counts, day_tokens, owners, leases")
+            c.execute("DROP TABLE IF EXISTS keys, minute_counts, key_usage, owners, leases")
         make = lambda: PostgresStore(url, clock=clock)  # noqa: E731
     one, other = make(), make()
     yield one, other, clock
@@ -143,9 +145,10 @@ def test_limits_are_one_count_for_every_process(two):
 def test_tokens_are_counted_per_utc_day(two):
     s, other, clock = two
     key, _ = s.create("carol", tokens_per_day=100)
-    s.add_tokens(key, 60)
+    s.add_usage(key, "smollm2", Spent(1, prompt_tokens=50, completion_tokens=10))
     assert s.admit(key) is None                       # no concurrency limit: no lease
-    other.add_tokens(key, 45)
+    other.add_usage(key, "qwen-35b", Spent(1, prompt_tokens=40, cached_tokens=30,
+                                           completion_tokens=5))
     with pytest.raises(Limited) as e:
         other.admit(key)
     assert e.value.refusal.limit == "tokens_per_day"
@@ -173,8 +176,10 @@ def test_a_release_the_outage_refused_is_retried(pg):
     (the heartbeat retries the release), never held for good."""
     clock = Clock(T0)
     s = PostgresStore(pg.url.rsplit("/", 1)[0] + "/contract", clock=clock)
+    idle = PostgresStore(s.url, clock=clock)            # its pooled connection goes stale
     try:
         key, _ = s.create("erin", max_concurrent=1)
+        assert idle.usage(key).in_flight == 0
         lease = s.admit(key)
         pg.stop()
         try:
@@ -183,11 +188,12 @@ def test_a_release_the_outage_refused_is_retried(pg):
                 s.admit(key)
         finally:
             pg.start()
-        assert s.usage(key).in_flight == 1
+        assert idle.usage(key).in_flight == 1         # a stale connection: replaced, no error
         s.beat()
         assert s.usage(key).in_flight == 0 and s.admit(key) is not None
     finally:
         s.close()
+        idle.close()
 
 
 # ------------------------------------------------------------ the real proxies
@@ -286,3 +292,111 @@ def test_the_database_down_is_a_503_then_back_by_itself(stack, pg):
                "served again once the database is back", deadline=10.0)
     with pytest.raises(StoreDown):
         SqliteStore("/proc/no/such/folder/k.db").has_keys()
+
+
+# ------------------------------------------------------------ usage per key
+
+def usage_of(proxy, name: str) -> dict:
+    r = requests.get(proxy.url + f"/admin/usage?key={name}", timeout=10,
+                     headers={"Authorization": f"Bearer {ADMIN}", "Connection": "close"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def counted(proxy, name: str, requests_: int, what: str) -> dict:
+    """The key's totals once its requests are all written (each is written just
+    after its answer has gone): then exactly these, never more."""
+    totals = wait_until(lambda: (lambda t: t if t["requests"] >= requests_ else None)(
+        usage_of(proxy, name)["totals"]), what, deadline=20.0)
+    assert totals["requests"] == requests_, totals
+    return totals
+
+
+def test_usage_is_exact_across_two_workers_and_two_proxies(stack):
+    a, b, chat = stack["a"], stack["b"], stack["chat"]
+    token = post(a, "/admin/keys", {"name": "counted"}, ADMIN).json()["token"]
+    n = 12
+    chat.script(*[Reply(content="fine") for _ in range(n)])
+    body = {"model": "smol", "messages": [{"role": "user", "content": "hi"}]}
+    with cf.ThreadPoolExecutor(4) as ex:            # new connections: either worker
+        statuses = list(ex.map(lambda i: post((a, b)[i % 2], "/v1/chat/completions", body,
+                                              token).status_code, range(n)))
+    assert statuses == [200] * n
+    assert post(b, "/v1/embeddings", EMBED, token).status_code == 200
+    totals = counted(b, "counted", n + 1, "every request's usage written")
+    assert (totals["prompt_tokens"], totals["completion_tokens"]) == (10 * n, 5 * n)
+    rows = usage_of(a, "counted")["rows"]           # one row: the alias resolved to its id
+    assert [(r["model"], r["requests"]) for r in rows] == [("smollm2", n + 1)]
+    assert rows[0]["load_seconds"] == 0.0           # the swapper does not tell it per answer
+
+
+def test_usage_is_exact_after_a_database_restart_during_traffic(stack, pg):
+    """Requests while PostgreSQL is down are refused 503 at the door, or (a key
+    still in a worker's one-second cache, or a stream that began before) served
+    and counted once when it is back: their rows wait in the worker's memory."""
+    a, b, chat = stack["a"], stack["b"], stack["chat"]
+    token = post(a, "/admin/keys", {"name": "outlived"}, ADMIN).json()["token"]
+    served = 0
+    for p in (a, b):
+        served += post(p, "/v1/embeddings", EMBED, token).status_code == 200
+    held = threading.Event()
+    chat.script(Reply(content="a long answer", hold=held))
+    stream = post(a, "/v1/chat/completions", {**CHAT, "stream_options": {
+        "include_usage": True}}, token, stream=True)
+    assert stream.status_code == 200
+    pieces = stream.iter_content(None)
+    next(pieces)                                    # being served
+    pg.stop()
+    try:
+        held.set()
+        b"".join(pieces)                            # it ends while the database is down
+        served += 1
+        refused = 0
+        for i in range(8):
+            status = post((a, b)[i % 2], "/v1/embeddings", EMBED, token).status_code
+            assert status in (200, 503)
+            served += status == 200
+            refused += status == 503
+    finally:
+        stream.close()
+        pg.start()
+    for p in (a, b):
+        served += post(p, "/v1/embeddings", EMBED, token).status_code == 200
+    totals = counted(a, "outlived", served, "the rows kept while it was down written")
+    assert (totals["prompt_tokens"], totals["completion_tokens"]) == (10, 5)
+    assert usage_of(a, "outlived")["pending_rows"] == 0
+
+
+def test_a_stream_in_flight_when_its_proxy_restarts_is_counted(stack):
+    """SIGTERM: gunicorn stops taking connections and lets the stream in flight
+    finish; its record's end writes its row, once, before the worker exits."""
+    a, b, chat = stack["a"], stack["b"], stack["chat"]
+    token = post(a, "/admin/keys", {"name": "restarted"}, ADMIN).json()["token"]
+    held = threading.Event()
+    chat.script(Reply(content="a long answer", hold=held))
+    stream = post(b, "/v1/chat/completions", {**CHAT, "stream_options": {
+        "include_usage": True}}, token, stream=True)
+    pieces = stream.iter_content(None)
+    next(pieces)
+    # SIGTERM, gunicorn's graceful stop (the test helper's stop is SIGINT: quick)
+    stopping = threading.Thread(target=lambda: (b.proc.send_signal(signal.SIGTERM),
+                                                b.proc.wait(30)))
+    stopping.start()
+    try:
+        def refused():
+            try:
+                requests.get(b.url + "/healthz", timeout=2)
+            except requests.ConnectionError:
+                return True
+            return False
+        wait_until(refused, "b stopping: new connections refused")
+        held.set()
+        assert b'"usage"' in b"".join(pieces)       # it finished, its usage sent
+    finally:
+        held.set()
+        stream.close()
+        stopping.join()
+        b.stop()                                    # (exited: only its bookkeeping)
+        b.start()
+    totals = counted(b, "restarted", 1, "the stream's usage written before it exited")
+    assert (totals["prompt_tokens"], totals["completion_tokens"]) == (10, 5)
