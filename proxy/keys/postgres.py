@@ -24,27 +24,7 @@ CONNECT_TIMEOUT = 2
 class PostgresStore(SqlStore):
     MARK = "%s"
     STALE_CONNECTIONS = True
-    SCHEMA = (
-        "CREATE TABLE IF NOT EXISTS keys (id BIGSERIAL PRIMARY KEY, name TEXT NOT NULL, "
-        "hash TEXT NOT NULL UNIQUE, role TEXT NOT NULL, models TEXT NOT NULL, "
-        "max_concurrent INTEGER, rpm INTEGER, tokens_per_day BIGINT, "
-        "weight DOUBLE PRECISION NOT NULL DEFAULT 1, created DOUBLE PRECISION NOT NULL, "
-        "revoked DOUBLE PRECISION)",
-        "CREATE UNIQUE INDEX IF NOT EXISTS keys_active_name ON keys (name) "
-        "WHERE revoked IS NULL",
-        "CREATE TABLE IF NOT EXISTS minute_counts (key_id BIGINT NOT NULL, "
-        "minute BIGINT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (key_id, minute))",
-        "CREATE TABLE IF NOT EXISTS key_usage (key_id BIGINT NOT NULL, day BIGINT NOT NULL, "
-        "model TEXT NOT NULL, requests BIGINT NOT NULL, prompt_tokens BIGINT NOT NULL, "
-        "cached_tokens BIGINT NOT NULL, completion_tokens BIGINT NOT NULL, "
-        "queue_wait_seconds DOUBLE PRECISION NOT NULL, "
-        "load_seconds DOUBLE PRECISION NOT NULL, PRIMARY KEY (key_id, day, model))",
-        "CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, "
-        "seen DOUBLE PRECISION NOT NULL)",
-        "CREATE TABLE IF NOT EXISTS leases (id TEXT PRIMARY KEY, key_id BIGINT NOT NULL, "
-        "owner TEXT NOT NULL, started DOUBLE PRECISION NOT NULL)",
-        "CREATE INDEX IF NOT EXISTS leases_key ON leases (key_id)",
-    )
+    TYPES = {"serial": "BIGSERIAL PRIMARY KEY", "int": "BIGINT", "real": "DOUBLE PRECISION"}
 
     def __init__(self, url: str, clock=time.time):
         super().__init__(clock)

@@ -20,25 +20,7 @@ BUSY_TIMEOUT = 5.0          # seconds a transaction waits for another's write lo
 
 
 class SqliteStore(SqlStore):
-    SCHEMA = (
-        "CREATE TABLE IF NOT EXISTS keys (id INTEGER PRIMARY KEY AUTOINCREMENT, "
-        "name TEXT NOT NULL, hash TEXT NOT NULL UNIQUE, role TEXT NOT NULL, "
-        "models TEXT NOT NULL, max_concurrent INTEGER, rpm INTEGER, tokens_per_day INTEGER, "
-        "weight REAL NOT NULL DEFAULT 1, created REAL NOT NULL, revoked REAL)",
-        "CREATE UNIQUE INDEX IF NOT EXISTS keys_active_name ON keys (name) "
-        "WHERE revoked IS NULL",
-        "CREATE TABLE IF NOT EXISTS minute_counts (key_id INTEGER NOT NULL, "
-        "minute INTEGER NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (key_id, minute))",
-        "CREATE TABLE IF NOT EXISTS key_usage (key_id INTEGER NOT NULL, day INTEGER NOT NULL, "
-        "model TEXT NOT NULL, requests INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, "
-        "cached_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, "
-        "queue_wait_seconds REAL NOT NULL, load_seconds REAL NOT NULL, "
-        "PRIMARY KEY (key_id, day, model))",
-        "CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, seen REAL NOT NULL)",
-        "CREATE TABLE IF NOT EXISTS leases (id TEXT PRIMARY KEY, key_id INTEGER NOT NULL, "
-        "owner TEXT NOT NULL, started REAL NOT NULL)",
-        "CREATE INDEX IF NOT EXISTS leases_key ON leases (key_id)",
-    )
+    TYPES = {"serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "int": "INTEGER", "real": "REAL"}
 
     def __init__(self, path: str, clock=time.time):
         super().__init__(clock)

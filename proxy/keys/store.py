@@ -199,10 +199,31 @@ COLUMNS = "id, name, role, models, max_concurrent, rpm, tokens_per_day, weight, 
 
 class SqlStore(Store):
     """The store's logic in SQL both databases run; a subclass gives its
-    connections (`_conn`), its schema (SCHEMA), its parameter mark and how a
+    connections (`_conn`), its schema's types (TYPES), its parameter mark and how a
     write transaction locks (`_lock`)."""
 
-    SCHEMA: tuple[str, ...] = ()
+    # The schema, once: each database names its types (TYPES: {serial} a key's id,
+    # {int} a count that may grow past 2^31, {real} seconds).
+    SCHEMA = (
+        "CREATE TABLE IF NOT EXISTS keys (id {serial}, name TEXT NOT NULL, "
+        "hash TEXT NOT NULL UNIQUE, role TEXT NOT NULL, models TEXT NOT NULL, "
+        "max_concurrent INTEGER, rpm INTEGER, tokens_per_day {int}, "
+        "weight {real} NOT NULL DEFAULT 1, created {real} NOT NULL, revoked {real})",
+        "CREATE UNIQUE INDEX IF NOT EXISTS keys_active_name ON keys (name) "
+        "WHERE revoked IS NULL",
+        "CREATE TABLE IF NOT EXISTS minute_counts (key_id {int} NOT NULL, "
+        "minute {int} NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (key_id, minute))",
+        "CREATE TABLE IF NOT EXISTS key_usage (key_id {int} NOT NULL, day {int} NOT NULL, "
+        "model TEXT NOT NULL, requests {int} NOT NULL, prompt_tokens {int} NOT NULL, "
+        "cached_tokens {int} NOT NULL, completion_tokens {int} NOT NULL, "
+        "queue_wait_seconds {real} NOT NULL, load_seconds {real} NOT NULL, "
+        "PRIMARY KEY (key_id, day, model))",
+        "CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, seen {real} NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS leases (id TEXT PRIMARY KEY, key_id {int} NOT NULL, "
+        "owner TEXT NOT NULL, started {real} NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS leases_key ON leases (key_id)",
+    )
+    TYPES: dict[str, str] = {}
     MARK = "?"
     # Whether a pooled connection can go stale (a server that restarted drops it):
     # then one that fails at its first statement is replaced and the work done once
@@ -355,7 +376,7 @@ class SqlStore(Store):
 
     def _create(self, cur) -> None:
         for stmt in self.SCHEMA:
-            cur.execute(stmt)
+            cur.execute(stmt.format(**self.TYPES))
 
     def _x(self, cur, q: str, args=()):
         cur.execute(self._sql(q), args)
