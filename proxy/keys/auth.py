@@ -6,7 +6,9 @@ Order of a request at the door, before its body is read:
 
 1. `/healthz` and the console's page and assets pass, as without keys.
 2. An address with AUTH_FAILURES_PER_MINUTE failed checks in the last minute is
-   refused (429, Retry-After) without its key being looked at.
+   refused (429, Retry-After) without its key being looked at, unless that key
+   passed here in the last ten minutes (policy.FailedAuth: behind a NAT the team
+   shares one address).
 3. `API_KEY`, when set and sent, passes as an admin (identity `@api-key`): the
    database is not asked.
 4. A token is looked up by its digest: a key passes. Otherwise, when the store
@@ -170,15 +172,16 @@ class KeyAuth:
         if path == "/healthz" or self.is_public(path):
             return self.app(environ, start_response)
         addr = environ.get("REMOTE_ADDR", "")
+        token = token_of(environ)
         wait = self.failures.blocked(addr)
-        if wait is not None:
+        if wait is not None and not self.failures.known(token):
             return self._refuse(environ, start_response, 429, "too many failed key checks "
                                 f"from this address: try again in {wait} s",
                                 "too_many_auth_failures", {"Retry-After": str(wait)})
-        token = token_of(environ)
         if self.api_key and token and hmac.compare_digest(
                 token.encode("utf-8", "replace"), self.api_key):
             environ[KEY] = API_KEY_IDENTITY
+            self.failures.passed(token)
             return self.app(environ, start_response)
         try:
             # A key first: one made a moment ago passes on a worker that still
@@ -197,6 +200,7 @@ class KeyAuth:
                                 f"key '{key.name}' may not use {path}: it needs role admin",
                                 "admin_only")
         environ[KEY] = key
+        self.failures.passed(token)
         lease = None
         if key.limited and is_model_request(environ):
             try:

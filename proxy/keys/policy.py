@@ -14,6 +14,8 @@ them with a hand clock.
 """
 from __future__ import annotations
 
+import hashlib
+
 import fnmatch
 import re
 from dataclasses import dataclass, field
@@ -165,13 +167,41 @@ def decide(key: Key, usage: Usage, now: float) -> Refusal | None:
 class FailedAuth:
     """Failed key checks per client address over the last minute: past `limit`
     of them an address is refused (429) without its key being checked, until
-    its oldest failure is a minute old. Bounded: at most `max_addresses` are
-    remembered (the oldest forgotten first). One per worker process."""
+    its oldest failure is a minute old, except a token that passed the door in
+    the last KNOWN_SECONDS (`known`): behind Docker's port publishing or a NAT
+    every client has one address, and one misconfigured client must not lock
+    the team's working agents out. Such a token is still checked as ever (a
+    revoked key is refused); a guess never passed, so guesses stay slowed.
+    Bounded: at most `max_addresses` addresses and as many tokens are
+    remembered (the oldest forgotten first); tokens by their sha256 only. One
+    per worker process."""
+
+    KNOWN_SECONDS = 600.0
 
     def __init__(self, limit: int, clock, max_addresses: int = 4096, window: float = MINUTE):
         self.limit, self.clock, self.window = limit, clock, window
         self.max_addresses = max_addresses
         self._fails: dict[str, list[float]] = {}
+        self._passed: dict[bytes, float] = {}       # token digest -> when it last passed
+
+    @staticmethod
+    def _digest(token: str) -> bytes:
+        return hashlib.sha256(token.encode("utf-8", "replace")).digest()
+
+    def passed(self, token: str) -> None:
+        """`token` passed the door now."""
+        d = self._digest(token)
+        self._passed.pop(d, None)
+        if len(self._passed) >= self.max_addresses:
+            self._passed.pop(next(iter(self._passed)))
+        self._passed[d] = self.clock()
+
+    def known(self, token: str) -> bool:
+        """`token` passed the door within KNOWN_SECONDS."""
+        if not token:
+            return False
+        when = self._passed.get(self._digest(token))
+        return when is not None and when > self.clock() - self.KNOWN_SECONDS
 
     def _recent(self, addr: str, now: float) -> list[float]:
         times = self._fails.get(addr)

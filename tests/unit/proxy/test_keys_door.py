@@ -157,12 +157,21 @@ def test_a_lease_is_released_when_the_answer_fails(chat, db):
 def test_failed_checks_from_one_address_are_slowed(chat, db):
     store = SqliteStore(db)
     _, token = store.create("erin")
+    _, working = store.create("frida")
     c = make(chat, db, AUTH_FAILURES_PER_MINUTE=3)
+    chat.script(Reply(content="before"), Reply(content="during"))
+    assert post(c, "/v1/chat/completions", CHAT, working).status_code == 200
     for _ in range(3):
         assert post(c, "/v1/chat/completions", CHAT, "cs-guess").status_code == 401
-    r = post(c, "/v1/chat/completions", CHAT, token)     # even a right key, for a minute
+    r = post(c, "/v1/chat/completions", CHAT, token)     # a right key new here: a minute
     assert r.status_code == 429 and r.json["error"]["code"] == "too_many_auth_failures"
     assert 1 <= int(r.headers["Retry-After"]) <= 60
+    assert post(c, "/v1/chat/completions", CHAT, "cs-guess").status_code == 429
+    # behind one NAT address: an agent whose key passed before goes on working
+    assert post(c, "/v1/chat/completions", CHAT, working).status_code == 200
+    store.revoke("frida")
+    auth_cache_expired(c)
+    assert post(c, "/v1/chat/completions", CHAT, working).status_code == 401   # still checked
     c2 = make(chat, db, AUTH_FAILURES_PER_MINUTE=3)
     chat.script(Reply(content="ok"))
     r = c2.post("/v1/chat/completions", json=CHAT, headers=bearer(token),

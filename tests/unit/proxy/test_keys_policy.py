@@ -99,3 +99,18 @@ def test_failed_checks_remember_a_bounded_number_of_addresses():
         f.failed(f"10.0.{i // 256}.{i % 256}")
     assert len(f._fails) == 100
     assert f.blocked("10.0.3.231") == 60            # the newest are kept
+
+
+def test_a_token_that_passed_is_known_for_ten_minutes_and_a_bounded_number_are():
+    clock = Clock()
+    f = FailedAuth(1, clock, max_addresses=100)
+    assert not f.known("cs-a") and not f.known("")
+    f.passed("cs-a")
+    clock.sleep(FailedAuth.KNOWN_SECONDS - 1)
+    assert f.known("cs-a") and not f.known("cs-b")
+    clock.sleep(2)
+    assert not f.known("cs-a")                      # ten minutes since it last passed
+    for i in range(1000):
+        f.passed(f"cs-{i}")
+    assert len(f._passed) == 100
+    assert f.known("cs-999") and not f.known("cs-0")    # the newest are kept
