@@ -96,7 +96,8 @@ class Forwarder:
             yield comment(waiting_for(scheduler.snapshot(), lease.model))
             while not admission.wait(lease, environ, timeout=interval):
                 yield comment(waiting_for(scheduler.snapshot(), lease.model))
-            yield queuewait.comment(lease.ticket.wait_seconds or 0.0)
+            yield queuewait.comment(lease.ticket.wait_seconds or 0.0,
+                                    lease.ticket.load_seconds)
             lease, upstream = self.open(lease.model, method, path, query, headers, body,
                                         environ, lease=lease, conversation=conversation)
             answer = LeasedBody(lease, upstream, progress)
@@ -247,4 +248,5 @@ def relay(lease: Lease, upstream: requests.Response, progress: str | None = None
     headers = answer_headers(upstream)
     headers.update(NO_BUFFERING)
     headers[queuewait.HEADER] = queuewait.header_value(lease.ticket.wait_seconds or 0.0)
+    headers[queuewait.LOAD_HEADER] = queuewait.header_value(lease.ticket.load_seconds)
     return Relayed(upstream.status_code, headers, LeasedBody(lease, upstream, progress))
