@@ -111,6 +111,31 @@ def test_a_passed_through_request_has_its_wait_too(stack):
     assert rec["queue_wait"] == queuewait.from_header(r.headers["X-Queue-Wait"])
 
 
+def test_a_fanned_out_request_tells_its_members_load_seconds_summed(stack):
+    """n=3 on a 2-slot llama.cpp model: three members, one answer; its
+    X-Load-Seconds (what the key counts) is the load's whole charge, the only
+    tenant's (the swapper's `charged` event)."""
+    client, sw, runtime, model = stack
+    model.script(*[Reply(content=f"take {i}") for i in range(3)])
+    got, charged = {}, []
+    sw.scheduler.subscribe(lambda e, f: charged.append(f["seconds"]) if e == "charged" else None)
+
+    def ask():
+        got["r"] = client.post("/v1/chat/completions", json={
+            "model": "tiny-a", "n": 3, "messages": [{"role": "user", "content": "hi"}]})
+
+    t = threading.Thread(target=ask)
+    t.start()
+    wait_until(lambda: sw.scheduler.snapshot()["state"] == "loading", "the load")
+    runtime.gate.set()
+    t.join(30)
+    r = got["r"]
+    assert r.status_code == 200 and len(r.json["choices"]) == 3
+    told = queuewait.from_header(r.headers.get("X-Load-Seconds"))
+    r.close()
+    assert len(charged) == 1 and told == pytest.approx(charged[0], abs=0.002)
+
+
 def test_wait_pieces_parsed_summed_and_only_before_the_first_event():
     assert queuewait.from_piece(b": keep-alive\n\n") is None
     assert queuewait.from_piece(queuewait.comment(1.25)) == 1.25
