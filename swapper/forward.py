@@ -149,6 +149,8 @@ class Forwarder:
                          "sending it again", model, reason(e),
                          "running" if alive else "dead, restarting it")
                 held[0] = self.admission.admit(model, environ)   # a crash: its restart
+                # the load seconds of the try before are the request's too
+                held[0].ticket.load_seconds += lease.ticket.load_seconds
                 return None
             msg = (f"backend of model '{model}' did not answer at "
                    f"{self.url(lease, path, query)}: {reason(e)}")

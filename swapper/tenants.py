@@ -38,7 +38,8 @@ a backend (swapper/forward.py drops them).
   added to each ticket's `load_seconds`; the swapper tells each answer its
   share (common/queuewait.py), so the proxy's per-key totals add up to the
   tenants' charges. A tenant charged whose requests all went away before the
-  load ended (and an operator's /load: the default tenant's) tells no answer.
+  load ended tells no answer, nor does a /load (its tenant is charged: the
+  proxy names the key's tenant there too, but /load is not a model request).
 """
 from __future__ import annotations
 
