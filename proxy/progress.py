@@ -24,8 +24,8 @@ from common import sse
 # The signature of our progress thinking block (Messages): how its strip() knows it.
 MARKER = "coding-stack-wait"
 # Comments that carry no words for the user (the proxy's keep-alive, the swapper's
-# queue-wait record for the activity list).
-_SILENT = ("keep-alive", "queue-wait")
+# queue-wait and load-seconds record for the activity list and the keys' usage).
+_SILENT = ("keep-alive", "queue-wait", "load-seconds")
 
 
 def _text(raw: bytes) -> str:

@@ -10,7 +10,9 @@ the first token (seconds after t0), the answer's usage (its dialect's reader:
 common/dialects.py, streamed or not: the last value of each field wins), the
 search rounds, the queue wait (the swapper's word, common.queuewait: its
 X-Queue-Wait header or its `: queue-wait` comment before a stream's events, summed
-over search rounds), and `who` (the request's key, proxy/keys: its name is listed,
+over search rounds), the load seconds charged to it (its share of the loads it
+waited for: X-Load-Seconds or `: load-seconds`, read and summed the same way; None
+from a swapper that does not tell them), and `who` (the request's key, proxy/keys: its name is listed,
 its usage counted by the reader proxy/app.py `before` adds to `on_end`:
 proxy/keys/usage.py).
 """
@@ -33,7 +35,7 @@ MAX_JSON_BYTES = 8 * 1024 * 1024
 
 class Record:
     __slots__ = ("t0", "route", "dialect", "method", "time", "model", "status", "stream",
-                 "first_byte", "seconds", "rounds", "queue_wait", "who", "usage",
+                 "first_byte", "seconds", "rounds", "queue_wait", "load_seconds", "who", "usage",
                  "answered", "prompt", "cached", "completion", "per_second", "timed_prompt",
                  "timed_cached", "timed_completion", "first_data", "last_data", "on_end",
                  "_ended", "_rest", "body")
@@ -47,7 +49,7 @@ class Record:
         self.body = b""         # the request's body, when no handler read its model
         self.status = self.stream = None
         self.first_byte = self.seconds = None
-        self.rounds = self.queue_wait = None
+        self.rounds = self.queue_wait = self.load_seconds = None
         self.who = None
         self.usage: Callable | None = None       # the dialect's usage reader: tokens counted
         self.answered = self.prompt = self.completion = self.per_second = None
@@ -65,9 +67,16 @@ class Record:
         if seconds is not None:
             self.queue_wait = round((self.queue_wait or 0.0) + seconds, 3)
 
+    def note_load(self, seconds: float | None) -> None:
+        """The swapper said `seconds` of a load were charged to the request (its
+        share; None: it said nothing)."""
+        if seconds is not None:
+            self.load_seconds = round((self.load_seconds or 0.0) + seconds, 3)
+
     def note_header(self, headers) -> None:
-        """An upstream answer's X-Queue-Wait."""
+        """An upstream answer's X-Queue-Wait and X-Load-Seconds."""
         self.note_wait(queuewait.from_header(headers.get(queuewait.HEADER)))
+        self.note_load(queuewait.from_header(headers.get(queuewait.LOAD_HEADER)))
 
     # ------------------------------------------------------------ as the answer goes
 
@@ -212,9 +221,9 @@ class Record:
 
 
 def noting_waits(pieces: Iterable[bytes], record: Record | None) -> Iterator[bytes]:
-    """A streamed answer from the swapper as it comes; a queue-wait comment before
-    its first event's data is noted in the request's record (then the rest passes
-    untouched)."""
+    """A streamed answer from the swapper as it comes; a queue-wait comment (and its
+    load-seconds line) before its first event's data is noted in the request's
+    record (then the rest passes untouched)."""
     it = iter(pieces)
     if record is None:
         yield from it
@@ -223,6 +232,7 @@ def noting_waits(pieces: Iterable[bytes], record: Record | None) -> Iterator[byt
         yield piece
         if piece:
             record.note_wait(queuewait.from_piece(piece))
+            record.note_load(queuewait.load_from_piece(piece))
             if b"data:" in piece:
                 break
     yield from it

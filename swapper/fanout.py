@@ -9,6 +9,8 @@ choice with its own finish_reason; streamed, one SSE stream whose chunks carry
 each choice's index and one final [DONE]. The whole request holds one place in
 the swapper's queue, so no other model can be swapped in between generations.
 One failed generation fails the request (no silent partial success).
+The answer's X-Load-Seconds is the members' shares of the load they waited for,
+summed (common/queuewait.py): the request's share, for its key's usage.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 from flask import Response
 
+from common import queuewait
 from common.errors import ApiError, error_body
 from common.failures import classify, failure, reason, status_of
 from common.sse import DONE, emit, iter_events
@@ -125,10 +128,10 @@ class FanOut:
                 raise r
         bad = next((r for r in results if r.status_code != 200), None)
         if bad is not None:
-            return Response(bad.content, status=bad.status_code,
+            return Response(bad.content, status=bad.status_code, headers=_told(leases),
                             mimetype=bad.headers.get("content-type", "application/json"))
         return Response(json.dumps(_merge([r.json() for r in results])),
-                        mimetype="application/json")
+                        mimetype="application/json", headers=_told(leases))
 
     def _stream(self, spec: ModelSpec, n: int, leases: list[Lease], open_member) -> Response:
         # The first member answers (or fails) before the response starts, so
@@ -141,8 +144,11 @@ class FanOut:
         if first[1].status_code != 200:
             self.admission.leave(leases[1:])
             return relay(*first)
+        # All members were in the load's epoch: their shares are known once the
+        # first is admitted.
         return Response(self._merge_streams(spec, n, leases, first, open_member),
-                        mimetype="text/event-stream", headers=NO_BUFFERING,
+                        mimetype="text/event-stream", headers={**NO_BUFFERING,
+                                                               **_told(leases)},
                         direct_passthrough=True)
 
     def _merge_streams(self, spec: ModelSpec, n: int, leases: list[Lease], first,
@@ -236,6 +242,12 @@ class FanOut:
             self.admission.leave(leases)    # members still queued leave the queue
             for up in list(ups.values()):
                 up.close()
+
+
+def _told(leases: list[Lease]) -> dict:
+    """The members' load seconds, summed: the request's share of its load."""
+    return {queuewait.LOAD_HEADER: queuewait.header_value(
+        sum(lease.ticket.load_seconds for lease in leases))}
 
 
 def _json_headers(headers) -> dict:

@@ -96,7 +96,8 @@ class Forwarder:
             yield comment(waiting_for(scheduler.snapshot(), lease.model))
             while not admission.wait(lease, environ, timeout=interval):
                 yield comment(waiting_for(scheduler.snapshot(), lease.model))
-            yield queuewait.comment(lease.ticket.wait_seconds or 0.0)
+            yield queuewait.comment(lease.ticket.wait_seconds or 0.0,
+                                    lease.ticket.load_seconds)
             lease, upstream = self.open(lease.model, method, path, query, headers, body,
                                         environ, lease=lease, conversation=conversation)
             answer = LeasedBody(lease, upstream, progress)
@@ -148,6 +149,8 @@ class Forwarder:
                          "sending it again", model, reason(e),
                          "running" if alive else "dead, restarting it")
                 held[0] = self.admission.admit(model, environ)   # a crash: its restart
+                # the load seconds of the try before are the request's too
+                held[0].ticket.load_seconds += lease.ticket.load_seconds
                 return None
             msg = (f"backend of model '{model}' did not answer at "
                    f"{self.url(lease, path, query)}: {reason(e)}")
@@ -247,4 +250,5 @@ def relay(lease: Lease, upstream: requests.Response, progress: str | None = None
     headers = answer_headers(upstream)
     headers.update(NO_BUFFERING)
     headers[queuewait.HEADER] = queuewait.header_value(lease.ticket.wait_seconds or 0.0)
+    headers[queuewait.LOAD_HEADER] = queuewait.header_value(lease.ticket.load_seconds)
     return Relayed(upstream.status_code, headers, LeasedBody(lease, upstream, progress))

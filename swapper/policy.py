@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
-from .tenants import Shares
+from .tenants import Shares, split
 
 HOLD, FIFO = "hold", "fifo"
 
@@ -142,9 +142,11 @@ class Policy(Protocol):
     def admitted(self, ticket: Any) -> None:
         """A ticket got its slot."""
 
-    def loaded(self, model: str, seconds: float, tenants: Iterable[str]) -> None:
+    def loaded(self, model: str, seconds: float, tenants: Iterable[str],
+               tickets: Iterable = ()) -> None:
         """A load of `model` took `seconds`; `tenants`: whose waiting requests
-        caused it (charged)."""
+        caused it (charged); `tickets`: those requests still waiting (each told
+        its share: tenants.split)."""
 
     def tenants(self, queue: list, active: Iterable) -> dict:
         """Per tenant: weight, charged load seconds, queued, in flight (/running)."""
@@ -179,8 +181,10 @@ class Tenants:
     def admitted(self, ticket) -> None:
         self.shares.admitted(ticket)
 
-    def loaded(self, model, seconds, tenants) -> None:
-        for tenant, part in self.shares.charge(seconds, tenants).items():
+    def loaded(self, model, seconds, tenants, tickets=()) -> None:
+        parts = self.shares.charge(seconds, tenants)
+        split(parts, tickets)
+        for tenant, part in parts.items():
             self._emit("charged", model=model, tenant=tenant, seconds=round(part, 3))
 
     def tenants(self, queue, active) -> dict:

@@ -31,7 +31,8 @@ Policy
   policy tags it as it comes, and the waiting requests of an epoch are admitted
   in the policy's fair order (one tenant: as they came). A load's seconds are
   charged to the tenants of the requests that were waiting for it when it
-  started (the policy's `loaded`).
+  started or joined it while it loaded (the policy's `loaded`), and each
+  tenant's part split among its requests still waiting (ticket.load_seconds).
 - A failed load fails the requests of its epoch with the error. A crash of the
   resident model removes its container; waiting requests trigger a reload,
   delayed by an exponential backoff while the model keeps failing.
@@ -236,9 +237,11 @@ class Scheduler:
                 seconds = self._clock() - self.since - self._load_delay
                 self.load_times.add(self.model, seconds)
                 self.load_cost.loaded(self.model, seconds)
-                # Charged to whose requests waited for it (at its start or joining it).
-                self.policy.loaded(self.model, seconds, self._load_tenants | {
-                    t.tenant for t in self._queue if t.epoch == epoch})
+                # Charged to whose requests waited for it (at its start or joining
+                # it); each waiting request is told its share (tenants.split).
+                waited = [t for t in self._queue if t.epoch == epoch]
+                self.policy.loaded(self.model, seconds,
+                                   self._load_tenants | {t.tenant for t in waited}, waited)
                 self._set_phase(READY, self.model)
             self._schedule()
 

@@ -33,6 +33,13 @@ a backend (swapper/forward.py drops them).
   requests wait for the next stint instead of forcing one (swapper/policy.py).
   With one tenant, no tenant is ever over its share: the policy is the one
   without tenants, to the decision.
+- Per request (`split`): each tenant's part of a load is split evenly among its
+  requests that waited for it (the tickets of the load's epoch when it ends),
+  added to each ticket's `load_seconds`; the swapper tells each answer its
+  share (common/queuewait.py), so the proxy's per-key totals add up to the
+  tenants' charges. A tenant charged whose requests all went away before the
+  load ended tells no answer, nor does a /load (its tenant is charged: the
+  proxy names the key's tenant there too, but /load is not a model request).
 """
 from __future__ import annotations
 
@@ -234,6 +241,20 @@ class Shares:
             if self.half_life > 0 and a[0]:
                 a[0] *= 0.5 ** ((now - a[1]) / self.half_life)
             a[1] = now
+
+
+def split(parts: dict[str, float], tickets: Iterable) -> None:
+    """Each tenant's part of a load (`Shares.charge`'s answer) split evenly among
+    its `tickets` (the requests that waited for the load), added to each one's
+    `load_seconds`; a tenant with no ticket here tells no request its part."""
+    mine: dict[str, list] = collections.defaultdict(list)
+    for t in tickets:
+        if t.tenant in parts:
+            mine[t.tenant].append(t)
+    for tenant, own in mine.items():
+        each = parts[tenant] / len(own)
+        for t in own:
+            t.load_seconds += each
 
 
 class TenantLabels:

@@ -51,6 +51,9 @@ class Ticket:
     event: threading.Event = field(default_factory=threading.Event)
     queued_at: float = 0.0          # the scheduler's clock when it was submitted
     admitted_at: float | None = None
+    # Its share of the load seconds charged for the load(s) it waited for
+    # (swapper/tenants.py `split`): told to the proxy with its queue wait.
+    load_seconds: float = 0.0
 
     @property
     def wait_seconds(self) -> float | None:

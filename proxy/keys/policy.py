@@ -110,7 +110,7 @@ class Spent:
     cached_tokens: int = 0              # of the prompt, served by the backend's cache
     completion_tokens: int = 0
     queue_wait_seconds: float = 0.0     # waited in the swapper (queue, load, swap)
-    load_seconds: float = 0.0           # loads charged to the key (0: see docs/keys.md)
+    load_seconds: float = 0.0           # its share of the loads it waited for (swapper)
 
     def __add__(self, other: "Spent") -> "Spent":
         return Spent(*(a + b for a, b in zip(self.values(), other.values())))

@@ -3,8 +3,9 @@ when it ends: proxy/app.py `before` gives every model request (a POST under
 /v1/) of a key from the store one reader, `Counting(...).reader(key)`, which
 
 - turns the record into one row's counters (`spent_of`: one request, its prompt
-  / cached / completion tokens, its queue wait; load seconds 0: the swapper
-  charges loads to tenants in its own /running, not per answer),
+  / cached / completion tokens, its queue wait, and the load seconds the swapper
+  charged to it: its share of the load it waited for, the split of the swapper's
+  per-tenant account, so a key's sum equals its tenant's charge),
 - names its model (`model_of`: the model the request named, as the catalog's id
   when the catalog knows it, else the answer's, else ""),
 - counts it in the metrics with the key's name as a bounded label
@@ -38,7 +39,8 @@ def spent_of(rec: Record) -> Spent:
     """One ended request's counters (a token count the answer did not give is 0)."""
     return Spent(requests=1, prompt_tokens=rec.prompt or 0, cached_tokens=rec.cached or 0,
                  completion_tokens=rec.completion or 0,
-                 queue_wait_seconds=rec.queue_wait or 0.0, load_seconds=0.0)
+                 queue_wait_seconds=rec.queue_wait or 0.0,
+                 load_seconds=rec.load_seconds or 0.0)
 
 
 def model_of(rec: Record, resolve: Callable[[str], str | None] | None = None) -> str:

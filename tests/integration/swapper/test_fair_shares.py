@@ -2,13 +2,16 @@
 container of a stand-in model with one slot (tests/perf/fairshare_backends), the
 proxy's tenant fields sent as the proxy sends them on the internal hop. One
 tenant's batch is queued; another tenant's request is served before the batch
-drains. The numbers of a full run are tests/perf/fairshare.py's."""
+drains. Then two tenants wait for a load of the other model: the load seconds
+their answers tell add up to the tenants' charges in /running. The numbers of a
+full run are tests/perf/fairshare.py's."""
 import threading
 import time
 
 import pytest
 import requests
 
+from common import queuewait
 from tests.perf.fairshare import BACKENDS, PERF_DIR
 from tests.support.servers import wait_until
 from tests.support.swapperproc import SwapperProcess, stack_containers
@@ -58,3 +61,37 @@ def test_another_tenants_request_goes_before_a_batch_drains(sw):
     assert tenants["ci"]["queued"] == tenants["alice"]["queued"] == 0
     metrics = requests.get(sw.url + "/metrics", timeout=10).text
     assert 'swapper_tenant_queued{tenant="alice"} 0.0' in metrics
+
+
+def told_load(url, tenant, weight, stream, told):
+    """One request for fy; the load seconds its answer told (the header of an
+    answer relayed once admitted, else the waiting stream's comment line)."""
+    r = requests.post(url + "/v1/chat/completions", timeout=120, stream=stream, headers={
+        "X-Coding-Stack-Tenant": tenant, "X-Coding-Stack-Weight": weight}, json={
+        "model": "fy", "max_tokens": 1, "stream": stream,
+        "messages": [{"role": "user", "content": "go"}]})
+    body = r.content
+    load = queuewait.from_header(r.headers.get(queuewait.LOAD_HEADER))
+    told.append((tenant, r.status_code, load if load is not None
+                 else queuewait.load_from_piece(body)))
+
+
+def test_the_load_seconds_answers_tell_add_up_to_the_tenants_charges(sw):
+    told: list = []
+    asks = [threading.Thread(target=told_load, args=(sw.url, tenant, weight, stream, told))
+            for tenant, weight, stream in (("bob", "1", False), ("carol", "3", True),
+                                           ("carol", "3", False))]
+    for t in asks:
+        t.start()
+    for t in asks:
+        t.join(120)
+    assert sorted((t, s) for t, s, _ in told) == [("bob", 200), ("carol", 200),
+                                                   ("carol", 200)], told
+    assert all(load is not None for _, _, load in told), told
+    assert sum(load for _, _, load in told) > 0, told      # fy's load: someone waited for it
+    tenants = requests.get(sw.url + "/running", timeout=10).json()["tenants"]
+    for name in ("bob", "carol"):
+        mine = [load for t, _, load in told if t == name]
+        # /running rounds to 0.1 s, each answer to 1 ms
+        assert sum(mine) == pytest.approx(tenants.get(name, {}).get(
+            "charged_load_seconds_total", 0.0), abs=0.05 + 0.001 * len(mine)), (told, tenants)

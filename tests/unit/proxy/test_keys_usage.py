@@ -46,7 +46,8 @@ class Flaky(SqliteStore):
         self.close()                        # the pooled connections go with it
 
 
-def record(model=None, usage=None, timings=None, queue_wait=None, answered=None) -> Record:
+def record(model=None, usage=None, timings=None, queue_wait=None, answered=None,
+           load_seconds=None) -> Record:
     """A chat request's record as the writer leaves it at the end."""
     rec = Record("/v1/chat/completions", "chat", "POST", t0=0.0, clock=lambda: T0)
     rec.model = model
@@ -58,6 +59,7 @@ def record(model=None, usage=None, timings=None, queue_wait=None, answered=None)
         body["timings"] = timings
     rec.read(body)
     rec.note_wait(queue_wait)
+    rec.note_load(load_seconds)
     rec.end(1.0)
     return rec
 
@@ -81,8 +83,8 @@ def test_a_record_gives_one_row_per_key_model_and_day(store, clock):
     count = Counting(store, resolve={"smol": "smollm2"}.get)
     usage = {"prompt_tokens": 100, "completion_tokens": 7,
              "prompt_tokens_details": {"cached_tokens": 60}}
-    count.count(key, record("smol", usage, queue_wait=1.25))
-    count.count(key, record("smollm2", usage, queue_wait=0.5))      # the id: the same row
+    count.count(key, record("smol", usage, queue_wait=1.25, load_seconds=0.75))
+    count.count(key, record("smollm2", usage, queue_wait=0.5, load_seconds=0.5))  # the same row
     # a stream without usage: llama.cpp's timings (prompt_n + cache_n, cache_n cached)
     count.count(key, record("qwen-35b", timings={"prompt_n": 5, "cache_n": 20,
                                                  "predicted_n": 3}))
@@ -95,7 +97,7 @@ def test_a_record_gives_one_row_per_key_model_and_day(store, clock):
         ("bob", "/models/x.gguf", DAY0), ("alice", "smollm2", DAY0 + 1)]
     assert rows[1] == {"key": "alice", "model": "smollm2", "day": DAY0, "requests": 2,
                        "prompt_tokens": 200, "cached_tokens": 120, "completion_tokens": 14,
-                       "queue_wait_seconds": 1.75, "load_seconds": 0.0}
+                       "queue_wait_seconds": 1.75, "load_seconds": 1.25}
     assert rows[0]["prompt_tokens"] == 25 and rows[0]["cached_tokens"] == 20 \
         and rows[0]["completion_tokens"] == 3
     assert rows[2]["requests"] == 1 and rows[2]["prompt_tokens"] == 0

@@ -82,6 +82,11 @@ def test_a_stream_that_waited_for_the_load_and_a_request_admitted_at_once(stack)
     (rec,) = records(client)
     assert rec["queue_wait"] == wait and rec["queue_wait"] <= rec["seconds"]
     assert rec["status"] == 200 and rec["stream"] is True
+    # the load's seconds, all charged to it (it alone waited), in the same comment event
+    load = queuewait.load_from_piece(body)
+    assert load is not None and load <= wait
+    assert body.index(b": queue-wait ") < body.index(b": load-seconds ") < \
+        body.index(b'"model":"scripted-model"')
 
     # Loaded now: admitted at once, the wait in the relayed answer's header.
     r = client.post("/v1/chat/completions", json={
@@ -89,6 +94,7 @@ def test_a_stream_that_waited_for_the_load_and_a_request_admitted_at_once(stack)
     assert r.status_code == 200
     header = queuewait.from_header(r.headers.get("X-Queue-Wait"))
     assert header is not None
+    assert r.headers.get("X-Load-Seconds") == "0.000"     # it waited for no load
     r.close()                             # the record is made once the answer has gone
     assert [x["queue_wait"] for x in records(client)] == [wait, header]
 
@@ -103,6 +109,31 @@ def test_a_passed_through_request_has_its_wait_too(stack):
     (rec,) = records(client)
     assert rec["dialect"] == "completions"
     assert rec["queue_wait"] == queuewait.from_header(r.headers["X-Queue-Wait"])
+
+
+def test_a_fanned_out_request_tells_its_members_load_seconds_summed(stack):
+    """n=3 on a 2-slot llama.cpp model: three members, one answer; its
+    X-Load-Seconds (what the key counts) is the load's whole charge, the only
+    tenant's (the swapper's `charged` event)."""
+    client, sw, runtime, model = stack
+    model.script(*[Reply(content=f"take {i}") for i in range(3)])
+    got, charged = {}, []
+    sw.scheduler.subscribe(lambda e, f: charged.append(f["seconds"]) if e == "charged" else None)
+
+    def ask():
+        got["r"] = client.post("/v1/chat/completions", json={
+            "model": "tiny-a", "n": 3, "messages": [{"role": "user", "content": "hi"}]})
+
+    t = threading.Thread(target=ask)
+    t.start()
+    wait_until(lambda: sw.scheduler.snapshot()["state"] == "loading", "the load")
+    runtime.gate.set()
+    t.join(30)
+    r = got["r"]
+    assert r.status_code == 200 and len(r.json["choices"]) == 3
+    told = queuewait.from_header(r.headers.get("X-Load-Seconds"))
+    r.close()
+    assert len(charged) == 1 and told == pytest.approx(charged[0], abs=0.002)
 
 
 def test_wait_pieces_parsed_summed_and_only_before_the_first_event():
@@ -139,3 +170,26 @@ def test_a_passed_through_stream_that_waited():
         r.close()
         (rec,) = records(client)
     assert rec["dialect"] == "completions" and rec["queue_wait"] == 1.5
+
+
+def test_load_seconds_read_into_the_record_from_the_comment_and_the_header():
+    """The swapper's load seconds (its share of the load the request waited for):
+    the comment's second line or the X-Load-Seconds header, summed over rounds;
+    a swapper that tells none leaves None; a reader of the queue wait alone still
+    reads the new comment."""
+    both = queuewait.comment(2.0, 1.5)
+    assert both == b": queue-wait 2.000\n: load-seconds 1.500\n\n"
+    assert queuewait.from_piece(both) == 2.0 and queuewait.load_from_piece(both) == 1.5
+    assert queuewait.load_from_piece(queuewait.comment(2.0)) is None     # an older swapper
+    rec = Record("/v1/chat/completions", "chat")
+    pieces = [b": loading\n\n", both + b"data: {}\n\n", queuewait.comment(9.0, 9.0)]
+    assert list(noting_waits(pieces, rec)) == pieces
+    assert (rec.queue_wait, rec.load_seconds) == (2.0, 1.5)
+    rec.note_header({"X-Queue-Wait": "0.250", "X-Load-Seconds": "0.750"})   # another round
+    assert (rec.queue_wait, rec.load_seconds) == (2.25, 2.25)
+    old = Record("/v1/chat/completions", "chat")
+    old.note_header({"X-Queue-Wait": "0.250"})
+    assert list(noting_waits([queuewait.comment(1.0) + b"data: {}\n\n"], old))
+    assert (old.queue_wait, old.load_seconds) == (1.25, None)
+    from proxy.keys.usage import spent_of
+    assert spent_of(rec).load_seconds == 2.25 and spent_of(old).load_seconds == 0.0

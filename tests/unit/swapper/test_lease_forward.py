@@ -4,6 +4,7 @@ exactly once, whatever ends it (answer read, body never read, broken stream,
 failure before the answer, fan-out member); a request that never reached its
 backend is sent again, never failed."""
 import json
+import time
 
 import pytest
 
@@ -93,6 +94,27 @@ def test_a_request_closed_before_any_answer_is_sent_again_on_a_fresh_connection(
     assert drop.dropped == 1
     assert [c for c in runtime.calls if c[0] == "start"] == [("start", "tiny-b")]
     assert settled(app)["in_flight"] == 0
+
+
+def test_a_request_sent_again_tells_the_load_its_first_try_waited_for(chat):
+    """The second try is admitted at once; the load seconds charged to the first
+    (it waited for the load) are still the request's (X-Load-Seconds)."""
+    chat.script(Reply("answered"))
+    drop = Relay(chat.url, drop_first=True)
+
+    class SlowStart(FakeRuntime):           # a load long enough to be told apart from 0
+        def start(self, spec, on_progress=None, prepared=None):
+            time.sleep(0.2)
+            return super().start(spec, on_progress, prepared)
+
+    app, runtime = make_app({"tiny-b": drop.url}, SlowStart({"tiny-b": drop.url}))
+    charged = []
+    app.extensions["swapper"].scheduler.subscribe(
+        lambda e, f: charged.append(f["seconds"]) if e == "charged" else None)
+    r = ask(app.test_client())
+    assert r.status_code == 200 and drop.dropped == 1, r.data
+    assert len(charged) == 1
+    assert float(r.headers["X-Load-Seconds"]) == pytest.approx(charged[0], abs=0.002)
 
 
 def test_first_request_after_a_crash_restarts_the_model_and_succeeds(chat):

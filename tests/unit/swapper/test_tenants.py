@@ -160,6 +160,45 @@ def test_a_shared_load_is_split_by_weight_and_puts_nobody_over():
     assert sh.charged("a") == 25.0 and sh.overs(["a", "b"]) == {"a"}
 
 
+def test_each_request_is_told_its_share_of_the_load_it_waited_for():
+    """The policy alone: a tenant's part of a load (split by weight, as charged)
+    split evenly among its requests that waited; the parts told add up to the
+    charges, except a tenant whose requests all went away (told to nobody)."""
+    clock = Clock()
+    p = SETTINGS.build(clock, {"x": 10.0}.get)
+    a1, a2 = Ticket(1, "x", tenant="a"), Ticket(2, "x", tenant="a")
+    b = Ticket(3, "x", tenant="b", weight=3.0)
+    for t in (a1, a2, b, Ticket(4, "x", tenant="gone")):
+        p.tag(t)
+    p.loaded("x", 20.0, ["a", "b", "gone"], [a1, a2, b])   # weights 1 + 3 + 1
+    assert (a1.load_seconds, a2.load_seconds, b.load_seconds) == (2.0, 2.0, 12.0)
+    clock.now += 5.0
+    p.loaded("x", 3.0, ["a"], [a1])            # a1 waited for a second load (a reload)
+    assert a1.load_seconds == 5.0
+    status = p.tenants([], [])
+    assert status["a"]["charged_load_seconds_total"] == a1.load_seconds + a2.load_seconds
+    assert status["b"]["charged_load_seconds_total"] == b.load_seconds
+    assert status["gone"]["charged_load_seconds_total"] == 4.0
+
+
+def test_the_scheduler_tells_the_tickets_of_a_load_their_shares():
+    clock = Clock()
+    s = make(clock=clock)
+    first = [s.submit("x", tenant="a"), s.submit("x", tenant="b", weight=3.0)]
+    assert s.phase == LOADING
+    clock.now += 4.0
+    late = s.submit("x", tenant="b", weight=3.0)        # joins the load while it runs
+    other = s.submit("y", tenant="c")                   # waits for another model
+    clock.now += 4.0
+    step(s)
+    a, b = first
+    assert (a.load_seconds, b.load_seconds, late.load_seconds) == (2.0, 3.0, 3.0)
+    assert other.load_seconds == 0.0
+    tenants = s.snapshot()["tenants"]
+    assert tenants["a"]["charged_load_seconds_total"] == a.load_seconds
+    assert tenants["b"]["charged_load_seconds_total"] == b.load_seconds + late.load_seconds
+
+
 def test_running_lists_the_most_charged_tenants_and_sums_the_rest():
     sh = Shares(Clock())
     queue = [Ticket(i, "x", tenant=f"t{i}") for i in range(40)]
@@ -285,7 +324,7 @@ class Untenanted(Hold):
     def order(self, tickets):
         return list(tickets)
 
-    def loaded(self, model, seconds, tenants):
+    def loaded(self, model, seconds, tenants, tickets=()):
         pass
 
     def _over(self, queue):
