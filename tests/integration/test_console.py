@@ -715,6 +715,55 @@ def test_an_allowlisted_origin_reads_through_the_proxys_own_cors(page, swapper, 
         assert all(isinstance(v, str) and "Failed to fetch" in v for v in got.values()), got
 
 
+# A page's reads of the published backend port: simple ones, and preflighted ones with
+# the backend's key (handed to the page here: the worst case, a page that knows it).
+BACKEND_READS_JS = """async ([base, key]) => {
+  const out = {};
+  const read = async (name, url, init) => {
+    try { const r = await fetch(url, init);
+          out[name] = {status: r.status, text: (await r.text()).slice(0, 200)}; }
+    catch (e) { out[name] = {error: String(e)}; }
+  };
+  const chat = JSON.stringify({max_tokens: 2, messages: [{role: "user", content: "hi"}]});
+  await read("GET /health", base + "/health");
+  await read("GET /health, credentials", base + "/health", {credentials: "include"});
+  await read("GET /v1/models", base + "/v1/models");
+  await read("POST chat text/plain", base + "/v1/chat/completions",
+             {method: "POST", headers: {"Content-Type": "text/plain"}, body: chat});
+  await read("POST chat X-Api-Key (preflight)", base + "/v1/chat/completions",
+             {method: "POST", body: chat,
+              headers: {"Content-Type": "application/json", "X-Api-Key": key}});
+  await read("POST chat Authorization, credentials (preflight)",
+             base + "/v1/chat/completions",
+             {method: "POST", body: chat, credentials: "include",
+              headers: {"Content-Type": "application/json", "Authorization": "Bearer " + key}});
+  return out;
+}"""
+
+
+def test_a_page_reads_nothing_from_the_published_backend_port(page, swapper, attacker):
+    """Issue 35: llama-server echoed any page's Origin in Access-Control-Allow-Origin
+    (credentials allowed on its preflight): a page on another site, or on another port
+    of localhost, read /health and every answer it could get (all of them with the key,
+    through X-Api-Key). Its kind now starts it with `--cors-origins none
+    --no-cors-credentials`: in a real browser, with tiny-a loaded, every read fails,
+    even with the backend's key handed to the page; the key still opens the port to
+    curl and SDKs (no Origin, no browser)."""
+    r = requests.post(swapper.url + "/load/tiny-a", timeout=WAIT_MS / 1000)
+    assert r.status_code == 200, r.text
+    for origin in (f"http://attacker.test:{attacker.port}", f"http://127.0.0.1:{attacker.port}"):
+        page.goto(origin + "/")
+        got = page.evaluate(BACKEND_READS_JS, [swapper.backend_url, swapper.backend_key])
+        for name, res in got.items():
+            assert "Failed to fetch" in res.get("error", ""), (origin, name, res)
+    keyed = requests.post(swapper.backend_url + "/v1/chat/completions", timeout=60,
+                          headers=swapper.backend_headers,
+                          json={"messages": [{"role": "user", "content": "hi"}],
+                                "max_tokens": 2})
+    assert keyed.status_code == 200 and keyed.json()["choices"], keyed.text[:300]
+    requests.post(swapper.url + "/unload", timeout=WAIT_MS / 1000)
+
+
 def test_every_request_listed_once_over_a_slow_link(page, proxy, tmp_path):
     """Chromium's network emulation makes every call of the page take ~2.5 s (more
     than the 2 s poll period) while requests reach the proxy: polls must not overlap

@@ -358,6 +358,38 @@ def test_slot_actions_are_the_swappers_alone(kv_swapper):
     assert keyed.status_code == 200, keyed.text[:300]
 
 
+def test_the_published_port_answers_no_foreign_origin(kv_swapper):
+    """Issue 35: llama-server answered a foreign Origin's preflight with that origin
+    in Access-Control-Allow-Origin and credentials allowed (and echoed it on every
+    answer, /health's readable one included). Its kind now starts it with
+    `--cors-origins none --no-cors-credentials`: the header names no origin a browser
+    sends, so a page's read fails in the browser (tests/integration/test_console.py
+    drives one); requests with the backend's key, as curl and SDKs send them, answer."""
+    sw = kv_swapper
+    ask(sw, "tiny-a", "Hi.")
+    evil = {"Origin": "http://evil.example"}
+    pre = requests.options(f"{sw.backend_url}/v1/chat/completions", timeout=30, headers={
+        **evil, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    assert pre.headers.get("Access-Control-Allow-Origin") == "none", dict(pre.headers)
+    assert pre.headers.get("Access-Control-Allow-Credentials") == "false", dict(pre.headers)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for method, path, headers, status in (
+            ("GET", "/health", evil, 200),
+            ("GET", "/v1/models", evil, 401),
+            ("POST", "/v1/chat/completions", {**evil, "Content-Type": "text/plain"}, 401),
+            ("POST", "/v1/chat/completions", {**evil, **sw.backend_headers}, 200)):
+        r = requests.request(method, sw.backend_url + path, headers=headers, timeout=60,
+                             data=json.dumps(body) if method == "POST" else None)
+        assert r.status_code == status, (path, r.status_code, r.text[:300])
+        assert r.headers.get("Access-Control-Allow-Origin") == "none", (path, dict(r.headers))
+        assert "Access-Control-Allow-Credentials" not in r.headers, (path, dict(r.headers))
+    # direct access with the key, no Origin (curl, SDKs): unchanged
+    keyed = requests.post(f"{sw.backend_url}/v1/chat/completions", timeout=60,
+                          headers=sw.backend_headers, json=body)
+    assert keyed.status_code == 200 and keyed.json()["choices"], keyed.text[:300]
+
+
 def test_a_fifo_in_the_folder_never_freezes_the_swapper(kv_swapper):
     """A FIFO named slot7.json froze the whole swapper (gevent blocked in its
     read on the restore); the folders were 0777 (anyone could plant one)."""

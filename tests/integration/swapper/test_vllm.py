@@ -97,6 +97,19 @@ def test_vllm_through_the_proxy(swapper, proxy, invariant, cold_start):
     assert requests.get(swapper.backend_url + "/v1/models", timeout=30).status_code == 401
     assert requests.get(swapper.backend_url + "/v1/models", timeout=30,
                         headers=swapper.backend_headers).status_code == 200
+    # ... and serves no web page (issue 35; the kind's --allowed-origins []): a foreign
+    # Origin's preflight is refused, no answer names an origin a page could read it from.
+    evil = {"Origin": "http://evil.example"}
+    pre = requests.options(swapper.backend_url + "/v1/chat/completions", timeout=30, headers={
+        **evil, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    assert pre.status_code == 400 and "Access-Control-Allow-Origin" not in pre.headers, (
+        pre.status_code, dict(pre.headers))
+    assert "Access-Control-Allow-Credentials" not in pre.headers, dict(pre.headers)
+    for path, headers in (("/health", evil), ("/v1/models", {**evil, **swapper.backend_headers})):
+        r = requests.get(swapper.backend_url + path, headers=headers, timeout=30)
+        assert r.status_code == 200 and "Access-Control-Allow-Origin" not in r.headers, (
+            path, dict(r.headers))
 
     chunks = list(c.chat.completions.create(model="tiny-vllm", max_tokens=8, stream=True,
                                             messages=[{"role": "user", "content": "Say hello."}]))

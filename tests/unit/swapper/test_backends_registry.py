@@ -105,6 +105,19 @@ def test_llamacpp_backends_answer_under_the_model_id():
             assert _flag(m, "--alias") == m.id, m.args
 
 
+def test_no_backend_serves_a_web_page_on_the_published_port():
+    """Issue 35: llama-server copied any Origin into Access-Control-Allow-Origin with
+    credentials allowed. Every backend is started refusing every origin (`none` is no
+    origin a browser sends; `null` would let sandboxed pages in)."""
+    for m in Registry.load(BACKENDS, env={}):
+        if m.kind == "llamacpp":
+            assert _flag(m, "--cors-origins") == "none", m.args
+            assert "--no-cors-credentials" in m.args, m.args
+        else:
+            assert _flag(m, "--allowed-origins") == "[]", m.args
+            assert "--allow-credentials" not in m.args, m.args
+
+
 def test_gpu_models_ask_for_gpus_and_vllm_ones_are_of_the_vllm_kind():
     reg = Registry.load(BACKENDS, env={})
     for mid in GPU_MODELS:
