@@ -1,6 +1,8 @@
 """Run a WSGI app on a free loopback port in a background thread (real sockets)."""
 from __future__ import annotations
 
+import itertools
+import os
 import socket
 import threading
 import time
@@ -9,10 +11,45 @@ import requests
 from werkzeug.serving import make_server
 
 
+PORTS_PER_WORKER = 2000
+
+
+def _port_block() -> range:
+    """This test process's own block of ports: outside the kernel's ephemeral
+    range (no outgoing connection's local port lands in it), one block per
+    pytest-xdist worker (PYTEST_XDIST_WORKER gw0, gw1, ...), so no two test
+    processes are ever handed the same port."""
+    try:
+        low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    base = 10000 if low - 10000 >= 8 * PORTS_PER_WORKER else high + 1
+    start = base + (index % 8) * PORTS_PER_WORKER
+    return range(start, min(start + PORTS_PER_WORKER, 65536))
+
+
+_ports = itertools.cycle(_port_block())
+_ports_lock = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nobody listens on, from this process's block, taken in turn
+    (a port handed out is not handed out again until the block wraps). With the
+    kernel's port 0 instead, a port one test process was given and closed could be
+    given to another process before the first bound it again (seen: a backend's
+    published port taken by another xdist worker's proxy)."""
+    with _ports_lock:
+        for _ in range(PORTS_PER_WORKER):
+            port = next(_ports)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue            # in use (or lingering): the next one
+                return port
+    raise RuntimeError("no free port left in this test process's block")
 
 
 class ServerThread:
