@@ -106,13 +106,25 @@ def run_agent(url: str, agent: Agent, answer: float) -> None:
     agent.finished = time.monotonic()
 
 
-def run(loads: tuple[float, float], turns: int, answer: float, tenants: bool) -> dict:
-    agents = [Agent(t if tenants else None, w, m, turns, name=f"{t}-{m}")
-              for t, w in TENANTS.items() for m in MODELS]
+class Played:
+    """What one scenario gave: its start and wall time, /running's tenants and
+    /metrics before and after, the model loads between, the most backends at once."""
+
+    def __init__(self, t0, wall, before, after, metrics0, metrics1, most):
+        self.t0, self.wall, self.before, self.after = t0, wall, before, after
+        self.metrics0, self.metrics1, self.most = metrics0, metrics1, most
+
+    def delta(self, metric: str) -> float:
+        return metric_sum(self.metrics1, metric) - metric_sum(self.metrics0, metric)
+
+
+def play(loads: tuple[float, float], agents: list[Agent], answer: float) -> Played:
+    """A fresh swapper with the stand-in loads, each model loaded once (its load
+    time known) and unloaded, then every agent at once until all are done."""
     env = {"FAIR_LOAD_X": str(loads[0]), "FAIR_LOAD_Y": str(loads[1])}
     with SwapperProcess(backends_dir=BACKENDS, PERF_DIR=str(PERF_DIR), LOG_LEVEL="WARNING",
                         **env) as sw:
-        for m in MODELS:        # warm: each loaded once (its load time known)
+        for m in MODELS:
             requests.post(f"{sw.url}/load/{m}", timeout=300).raise_for_status()
         requests.post(f"{sw.url}/unload", timeout=60).raise_for_status()
         before = requests.get(sw.url + "/running", timeout=10).json()["tenants"]
@@ -130,10 +142,16 @@ def run(loads: tuple[float, float], turns: int, answer: float, tenants: bool) ->
         watch.join()
         after = requests.get(sw.url + "/running", timeout=10).json()["tenants"]
         metrics1 = requests.get(sw.url + "/metrics", timeout=10).text
-    n_loads = metric_sum(metrics1, "swapper_loads_total") - metric_sum(metrics0,
-                                                                       "swapper_loads_total")
-    loading = (metric_sum(metrics1, "swapper_load_seconds_sum")
-               - metric_sum(metrics0, "swapper_load_seconds_sum"))
+    return Played(t0, wall, before, after, metrics0, metrics1, watch.most)
+
+
+def run(loads: tuple[float, float], turns: int, answer: float, tenants: bool) -> dict:
+    agents = [Agent(t if tenants else None, w, m, turns, name=f"{t}-{m}")
+              for t, w in TENANTS.items() for m in MODELS]
+    p = play(loads, agents, answer)
+    t0, wall, before, after = p.t0, p.wall, p.before, p.after
+    n_loads = p.delta("swapper_loads_total")
+    loading = p.delta("swapper_load_seconds_sum")
     window = min(a.finished for a in agents)      # every tenant still had work until then
     names = list(TENANTS) if tenants else ["default"]
     of = (lambda a: a.tenant) if tenants else (lambda a: "default")
@@ -158,7 +176,7 @@ def run(loads: tuple[float, float], turns: int, answer: float, tenants: bool) ->
             "loading_seconds": round(loading, 1), "wall_seconds": round(wall, 1),
             "ideal_seconds": round(ideal, 1), "x_ideal": round(wall / ideal, 2),
             "failures": [f for a in agents for f in a.failures],
-            "most_backends": watch.most}
+            "most_backends": p.most}
 
 
 def switcher(loads: tuple[float, float], turns: int, answer: float, tenants: bool) -> dict:
@@ -170,29 +188,9 @@ def switcher(loads: tuple[float, float], turns: int, answer: float, tenants: boo
     agents = [Agent("B" if tenants else None, 2.0, "fx", turns, name="B"),
               Agent("C" if tenants else None, 3.0, "fx", turns, name="C"),
               Agent("A" if tenants else None, 1.0, "fx,fy", 6, name="A", workers=1, gap=1.0)]
-    env = {"FAIR_LOAD_X": str(loads[0]), "FAIR_LOAD_Y": str(loads[1])}
-    with SwapperProcess(backends_dir=BACKENDS, PERF_DIR=str(PERF_DIR), LOG_LEVEL="WARNING",
-                        **env) as sw:
-        for m in MODELS:
-            requests.post(f"{sw.url}/load/{m}", timeout=300).raise_for_status()
-        requests.post(f"{sw.url}/unload", timeout=60).raise_for_status()
-        before = requests.get(sw.url + "/running", timeout=10).json()["tenants"]
-        metrics0 = requests.get(sw.url + "/metrics", timeout=10).text
-        watch = Watch(sw.stack)
-        watch.start()
-        t0 = time.monotonic()
-        threads = [threading.Thread(target=run_agent, args=(sw.url, a, answer)) for a in agents]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.monotonic() - t0
-        watch.stop.set()
-        watch.join()
-        after = requests.get(sw.url + "/running", timeout=10).json()["tenants"]
-        metrics1 = requests.get(sw.url + "/metrics", timeout=10).text
-    n_loads = metric_sum(metrics1, "swapper_loads_total") - metric_sum(metrics0,
-                                                                       "swapper_loads_total")
+    p = play(loads, agents, answer)
+    t0, wall, before, after = p.t0, p.wall, p.before, p.after
+    n_loads = p.delta("swapper_loads_total")
     charged = {a.name: round(after.get(a.tenant or "default", {}).get(
         "charged_load_seconds_total", 0.0) - before.get(a.tenant or "default", {}).get(
         "charged_load_seconds_total", 0.0), 1) for a in agents} if tenants else {
@@ -204,7 +202,7 @@ def switcher(loads: tuple[float, float], turns: int, answer: float, tenants: boo
             "a_wait_max": round(max(agents[2].waits), 1),
             "b_and_c_work_seconds": round(2 * turns * answer, 1),
             "charged": charged, "wall_seconds": round(wall, 1),
-            "failures": [f for a in agents for f in a.failures], "most_backends": watch.most}
+            "failures": [f for a in agents for f in a.failures], "most_backends": p.most}
 
 
 def report_switcher(rows: list[dict]) -> str:
