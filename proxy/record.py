@@ -210,11 +210,6 @@ class Record:
             return (self.completion - 1) / (self.last_data - self.first_data)
         return None
 
-    @property
-    def tokens(self) -> int:
-        """Prompt + completion tokens of the answer (0: none counted)."""
-        return sum(v for v in (self.prompt, self.completion) if isinstance(v, int))
-
     def requested(self) -> str | None:
         """The model the request named (None: none)."""
         return self.model if self.model is not NOT_READ else None
