@@ -21,14 +21,14 @@ from common.http1 import Client
 from common.streaming import headers_now, iter_body
 
 from .record import Record, noting_waits
-from .keys.auth import TENANT_HEADER, WEIGHT_HEADER, tenant_headers
+from .keys.auth import HOP_HEADERS, tenant_headers
 
 log = logging.getLogger("proxy.upstream")
 
 BROWSER_FIELDS = frozenset({"origin", "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest",
                             "sec-fetch-user", "access-control-request-method",
                             "access-control-request-headers"})
-TENANT_FIELDS = frozenset({TENANT_HEADER.lower(), WEIGHT_HEADER.lower()})
+TENANT_FIELDS = frozenset(h.lower() for h in HOP_HEADERS)   # never a client's copy
 
 
 class Upstream:

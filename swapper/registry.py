@@ -18,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -341,24 +341,36 @@ class Registry:
         model_id = self._names.get(name)
         return self.models[model_id] if model_id else None
 
-    def resolve(self, name: str | None, resident: str | None | object = _STRICT) -> ModelSpec | None:
+    def resolve(self, name: str | None, resident: str | None | object = _STRICT,
+                allowed: Callable[["ModelSpec"], bool] | None = None) -> ModelSpec | None:
         """The spec for an id or alias (None or '' = the default model), else None.
 
         Passing `resident` (the resident or loading model's name; None when nothing is
         loaded) also answers names matching `model_patterns` (agents' own tier names),
         `@resident` being that model else the default: what a request's `model` needs.
         Without it only ids and aliases resolve, as for names an operator writes
-        (/load, /upstream, PRELOAD), where a typo stays a 404."""
+        (/load, /upstream, PRELOAD), where a typo stays a 404.
+
+        `allowed` (a key's scope, common/scope.py) keeps a mapped name within it:
+        when the pattern's model is outside, the resident model if allowed (no
+        swap), else the default if allowed, else the first allowed in registry
+        order; the pattern's model when none is (the caller refuses it)."""
         spec = self.lookup(name)
         if spec is not None or not name or resident is _STRICT:
             return spec
         p = self.mapping(name)
         if p is None:
             return None
+        current = self.lookup(resident) if isinstance(resident, str) and resident in self._names \
+            else None
         if p.use == RESIDENT:
-            return self.lookup(resident) if isinstance(resident, str) and resident in self._names \
-                else self.lookup(None)
-        return self.lookup(None if p.use == DEFAULT else p.use)
+            spec = current or self.lookup(None)
+        else:
+            spec = self.lookup(None if p.use == DEFAULT else p.use)
+        if allowed is None or spec is None or allowed(spec):
+            return spec
+        return next((s for s in (current, self.lookup(None), *self.models.values())
+                     if s is not None and allowed(s)), spec)
 
     def mapping(self, name: str | None) -> ModelPattern | None:
         """The pattern that maps `name`, or None when it is an id or alias (or no

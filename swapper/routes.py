@@ -17,6 +17,7 @@ from flask import Blueprint, Response, current_app, jsonify, request, stream_wit
 
 from common import guard
 from common.errors import ApiError
+from common.scope import matches as in_scope
 from common.streaming import NO_BUFFERING
 
 from . import intake
@@ -27,6 +28,7 @@ from .lease import OPERATOR, SESSION, Lease
 from .registry import ModelSpec
 from .runtime import auth_headers
 from .sessions import session_of
+from .tenants import scope_of
 
 status = Blueprint("status", __name__)
 control = Blueprint("control", __name__)
@@ -40,17 +42,25 @@ def parts():
     return current_app.extensions["swapper"]
 
 
-def resolve(name: str | None, **resident) -> ModelSpec:
+def resolve(name: str | None, scope: tuple[str, ...] | None = None, **resident) -> ModelSpec:
     """The registry model named (id or alias; None: the default), else a 404
     naming the known ones. With `resident=` (a request's `model`), names that
-    the registry's model_patterns map (agents' tier names) resolve too."""
+    the registry's model_patterns map (agents' tier names) resolve too, within
+    the key's `scope` (swapper/tenants.scope_of; None: every model); a model
+    outside it is a 403, and the 404 names only the models inside it."""
     sw = parts()
-    spec = sw.registry.resolve(name, **resident)
+    allowed = None if scope is None else \
+        (lambda spec: in_scope(scope, (spec.id, *spec.aliases)))
+    spec = sw.registry.resolve(name, allowed=allowed, **resident)
     if spec is None:
         known = ", ".join(f"{m.id}" + (f" ({', '.join(m.aliases)})" if m.aliases else "")
-                          for m in sw.registry)
+                          for m in sw.registry if allowed is None or allowed(m))
         raise ApiError(f"model '{name}' is not registered; known models: {known}", 404,
                        code="model_not_found")
+    if allowed is not None and not allowed(spec):
+        what = f"model '{name}' ({spec.id})" if name and name != spec.id else f"model '{spec.id}'"
+        raise ApiError(f"this key may not use {what}: it may use {', '.join(scope)}", 403,
+                       code="model_not_allowed")
     return spec
 
 
@@ -235,7 +245,7 @@ def v1(path: str):
     parsed = intake.parse_v1(path, method, body)
     resident = sw.scheduler.model
     name = intake.target_model(parsed, method, path, resident)
-    spec = resolve(name, resident=resident)
+    spec = resolve(name, scope_of(request.environ), resident=resident)
     if name is not None and name != spec.id and (p := sw.registry.mapping(name)):
         sw.metrics.mapped(p.match, spec.id)
     intake.require_vision(spec.id, spec.vision, parsed.route, parsed.payload)

@@ -6,6 +6,7 @@ the internal hop whose request it is:
 
     X-Coding-Stack-Tenant: <the key's name>
     X-Coding-Stack-Weight: <the key's weight, a float>
+    X-Coding-Stack-Models: <the key's model scope, unless every model: common/scope.py>
 
 No field (a box without keys), or a field that fails the strict checks (longer
 than MAX_NAME, not printable ASCII, a weight that is not a finite number in
@@ -47,9 +48,11 @@ import collections
 import math
 from typing import Callable, Iterable
 
+from common import scope
+
 TENANT_HEADER = "X-Coding-Stack-Tenant"
 WEIGHT_HEADER = "X-Coding-Stack-Weight"
-HEADERS = (TENANT_HEADER, WEIGHT_HEADER)
+HEADERS = (TENANT_HEADER, WEIGHT_HEADER, scope.MODELS_HEADER)
 DEFAULT_TENANT = "default"
 MAX_NAME = 64
 MIN_WEIGHT, MAX_WEIGHT = 0.01, 100.0
@@ -81,6 +84,11 @@ def parse(name: str | None, weight: str | None) -> tuple[str, float]:
 def tenant_of(environ: dict) -> tuple[str, float]:
     """A WSGI request's (tenant, weight), from the proxy's fields."""
     return parse(environ.get(_ENVIRON[TENANT_HEADER]), environ.get(_ENVIRON[WEIGHT_HEADER]))
+
+
+def scope_of(environ: dict) -> tuple[str, ...] | None:
+    """The models a WSGI request's key may use (common/scope.py; None: every one)."""
+    return scope.parse(environ.get(_ENVIRON[scope.MODELS_HEADER]))
 
 
 def without_tenant(headers) -> None:

@@ -28,8 +28,8 @@ Order of a request at the door, before its body is read:
    (nothing is served unchecked); the next request asks again.
 
 The key is then `environ[KEY]` (a policy.Key: name, role, models, weight; also
-`identity(environ)`): upstream.py sends its name and weight to the swapper on
-the internal hop (TENANT_HEADER, WEIGHT_HEADER), the dialects check the model
+`identity(environ)`): upstream.py sends its name, weight and model scope to the
+swapper on the internal hop (tenant_headers), the dialects check the model
 against its scope (`check_model`), the activity list shows its name.
 """
 from __future__ import annotations
@@ -39,6 +39,7 @@ import logging
 import threading
 import time
 
+from common import scope
 from common.errors import ApiError, error_response
 from common.guard import close_connection
 from common.origins import has_body
@@ -53,6 +54,8 @@ KEY = "coding_stack.key"                # environ: the request's policy.Key
 LAST_WRITE = "coding_stack.last_write"  # environ: a leased request's LastWrite
 TENANT_HEADER = "X-Coding-Stack-Tenant"
 WEIGHT_HEADER = "X-Coding-Stack-Weight"
+# What tenant_headers may send the swapper: the proxy drops clients' copies.
+HOP_HEADERS = (TENANT_HEADER, WEIGHT_HEADER, scope.MODELS_HEADER)
 CACHE_SECONDS = 1.0
 CACHE_MAX = 10000
 ADMIN_PATHS = ("/load", "/unload", "/admin", "/upstream", "/logs")
@@ -68,7 +71,11 @@ def tenant_headers(environ: dict | None) -> dict[str, str]:
     key = identity(environ)
     if key is None:
         return {}
-    return {TENANT_HEADER: key.name, WEIGHT_HEADER: repr(float(key.weight))}
+    out = {TENANT_HEADER: key.name, WEIGHT_HEADER: repr(float(key.weight))}
+    models = scope.header_value(key.models)
+    if models is not None:
+        out[scope.MODELS_HEADER] = models
+    return out
 
 
 def is_admin_path(path: str) -> bool:
@@ -261,14 +268,19 @@ class KeyAuth:
 
 def check_model(environ: dict, requested: str | None, catalog) -> None:
     """ApiError(403) when the request's key may not use the model it names
-    (policy.may_use: the name, and the catalog's id and aliases for it)."""
+    (policy.may_use: the name, and the catalog's id and aliases for it). A name
+    the catalog does not know (an agent's tier name, `claude-opus-4-8`; a typo)
+    goes on to the swapper, which alone maps tier names to registry models: it
+    maps it within the scope tenant_headers tells it (common/scope.py), and
+    refuses what is outside it (403) or unknown (404)."""
     key = identity(environ)
     if key is None or "*" in key.models:
         return
     entry = catalog.lookup(requested) if requested else {}
-    known = []
-    if isinstance(entry, dict) and isinstance(entry.get("id"), str):
-        known = [entry["id"], *(a for a in entry.get("aliases") or () if isinstance(a, str))]
+    if requested and not (isinstance(entry, dict) and isinstance(entry.get("id"), str)):
+        return
+    known = [entry["id"], *(a for a in entry.get("aliases") or () if isinstance(a, str))] \
+        if requested else []
     if not policy.may_use(key.models, requested, known):
         what = f"model '{requested}'" if requested else "a request naming no model"
         raise ApiError(f"key '{key.name}' may not use {what}: it may use "

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import hashlib
 
-import fnmatch
 import re
 from dataclasses import dataclass, field
 from typing import Iterable
+
+from common import scope
 
 ROLES = ("use", "admin")
 ALL_MODELS = ("*",)
@@ -87,10 +88,7 @@ def may_use(models: tuple[str, ...], requested: str | None,
     naming no model goes to whatever is resident: only an all-models key may."""
     if "*" in models:
         return True
-    if not requested:
-        return False
-    names = (requested, *known_as)
-    return any(fnmatch.fnmatchcase(n, pattern) for pattern in models for n in names)
+    return bool(requested) and scope.matches(models, (requested, *known_as))
 
 
 @dataclass(frozen=True)

@@ -99,8 +99,12 @@ def test_keys_refuse_in_each_dialects_shape(chat, db):
         "message": "key 'bob' may not use model 'qwen-moe': it may use smol"}}
     r = post(c, "/v1/responses", RESPONSES, token)
     assert r.status_code == 403 and r.json["error"]["code"] == "model_not_allowed"
-    r = post(c, "/v1/chat/completions", {**CHAT, "model": "claude-opus-4-8"}, token)
-    assert r.status_code == 403                     # an agent's tier name: not in its scope
+    # An agent's tier name (a name the catalog does not know) goes on to the
+    # swapper, which alone maps it: within the scope the proxy tells it.
+    n = len(chat.other)
+    r = post(c, "/v1/embeddings", {"model": "claude-opus-4-8", "input": "x"}, token)
+    sent = {k.lower(): v for k, v in chat.other[n]["headers"].items()}
+    assert r.status_code == 200 and sent["x-coding-stack-models"] == '["smol"]'
     r = post(c, "/v1/chat/completions", {k: v for k, v in CHAT.items() if k != "model"}, token)
     assert r.status_code == 403                     # naming none: only an all-models key
     r = post(c, "/v1/embeddings", {"model": "qwen-35b", "input": "x"}, token)
@@ -186,10 +190,12 @@ def test_the_tenant_goes_upstream_and_a_clients_does_not(chat, db):
     body = {"model": "smollm2", "input": "x"}
     n = len(chat.other)
     r = post(c, "/v1/embeddings", body, token,
-             **{"X-Coding-Stack-Tenant": "someone-else", "X-Coding-Stack-Weight": "100"})
+             **{"X-Coding-Stack-Tenant": "someone-else", "X-Coding-Stack-Weight": "100",
+                "X-Coding-Stack-Models": '["*"]'})
     assert r.status_code == 200
     sent = {k.lower(): v for k, v in chat.other[n]["headers"].items()}
     assert sent["x-coding-stack-tenant"] == "frank" and sent["x-coding-stack-weight"] == "2.5"
+    assert "x-coding-stack-models" not in sent      # all models: no scope to tell
     assert "authorization" not in sent              # the key stays at the door
     # without keys (an open box) no tenant is sent, and a client's never passes
     c = create_app(Settings.from_env({}, BACKEND_URL=chat.url, WEB_SEARCH=False,

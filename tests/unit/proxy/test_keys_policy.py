@@ -23,8 +23,8 @@ T0 = 1_800_000_000.0            # wall-clock seconds (UTC)
     (("Qwen-*",), "qwen-big", (), False),             # case-sensitive, as the registry
     (("smollm2",), None, (), False),                  # naming none: only an all-models key
     (("smollm2",), "", (), False),
-    (("claude-*", "smollm2"), "claude-opus-4-8[1m]", (), True),   # an agent's tier name
-    (("smollm2",), "claude-opus-4-8", (), False),
+    (("claude-*", "smollm2"), "claude-opus-4-8[1m]", (), True),   # the name itself matches
+    (("smollm2",), "claude-opus-4-8", (), False),     # (the door defers such names: swapper)
 ])
 def test_scope(models, requested, known, ok):
     assert may_use(models, requested, known) is ok

@@ -460,6 +460,30 @@ def test_configured_patterns_replace_the_defaults_in_file_order(tmp_path):
     assert reg.resolve("gpt-5.5", resident="m2") is None, "the defaults are replaced"
 
 
+def test_a_keys_scope_keeps_a_mapped_name_within_it(tmp_path):
+    """Issue 35: a key scoped to some models and an agent's tier name: the
+    resident model when the key may use it (no swap), else the default, else
+    the first it may use; what the pattern names when it may use none (the
+    caller refuses it). Ids and aliases are not moved: the caller refuses them."""
+    root = _temp_registry(tmp_path, TWO + "  m3:\n    kind: llamacpp\n    image: img:3\n",
+                          {"b.yaml": "model_patterns:\n  - {match: 'claude-haiku-*', use: two}\n"
+                                     "  - {match: 'claude-*', use: '@resident'}\n"})
+    reg = Registry.load(root, env={})
+    only = lambda *ids: (lambda spec: spec.id in ids)          # noqa: E731
+    assert reg.default == "m1"
+    assert reg.resolve("claude-opus-4-8", resident="m2", allowed=only("m2", "m3")).id == "m2"
+    assert reg.resolve("claude-opus-4-8", resident="m1", allowed=only("m2", "m3")).id == "m2"
+    assert reg.resolve("claude-opus-4-8", resident="m1", allowed=only("m3")).id == "m3"
+    assert reg.resolve("claude-opus-4-8", resident=None, allowed=only("m1", "m3")).id == "m1"
+    assert reg.resolve("claude-opus-4-8", resident="m3", allowed=only("m1", "m3")).id == "m3"
+    assert reg.resolve("claude-haiku-4-5", resident="m3", allowed=only("m1", "m3")).id == "m3"
+    assert reg.resolve("claude-haiku-4-5", resident="m3", allowed=only("m2")).id == "m2"
+    assert reg.resolve("claude-haiku-4-5", resident="m1", allowed=only("m1", "m3")).id == "m1"
+    assert reg.resolve("claude-opus-4-8", resident="m2", allowed=only()).id == "m2"
+    assert reg.resolve("m1", resident="m2", allowed=only("m3")).id == "m1"
+    assert reg.resolve("nope", resident="m2", allowed=only("m3")) is None
+
+
 def test_an_empty_pattern_list_turns_the_mapping_off(tmp_path):
     reg = Registry.load(_temp_registry(tmp_path, TWO, {"b.yaml": "model_patterns: []\n"}), env={})
     assert reg.patterns == () and reg.resolve("claude-opus-4-8", resident="m1") is None

@@ -242,3 +242,37 @@ def test_an_agents_tier_name_goes_to_the_resident_model_without_a_swap(chat):
     text = c.get("/metrics").data.decode()
     assert 'swapper_models_mapped_total{model="tiny-a",pattern="claude-*"} 1.0' in text
     assert c.post("/load/claude-haiku-4-5").status_code == 404     # operators' names: strict
+
+
+def test_a_tier_name_stays_within_the_keys_scope(chat):
+    """Issue 35: the proxy tells the swapper a key's scope; an agent's tier name
+    is mapped within it (here: a swap to the model the key may use, not the
+    resident one), a model outside it is a 403, an unknown name's 404 names only
+    the models inside it, and the field never reaches the backend."""
+    chat.script(Reply("resident"), Reply("in scope"))
+    app, runtime = make_app({"tiny-a": chat.url, "tiny-b": chat.url})
+    c = app.test_client()
+
+    def scoped(model, scope, path="/v1/chat/completions"):
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}],
+                "input": "x"}
+        return c.post(path, json=body, buffered=True,
+                      headers={"X-Coding-Stack-Tenant": "bob",
+                               "X-Coding-Stack-Models": scope})
+    assert ask(c, "tiny-a").status_code == 200
+    r = scoped("claude-haiku-4-5", '["b"]')             # by alias
+    assert r.status_code == 200, r.data
+    assert [b["model"] for b in chat.requests] == ["tiny-a", "tiny-b"]
+    assert [x for x in runtime.calls if x[0] == "start"] == [("start", "tiny-a"),
+                                                               ("start", "tiny-b")]
+    r = scoped("claude-haiku-4-5", '["tiny-b"]', "/v1/embeddings")   # now resident: no swap
+    assert r.status_code == 200
+    assert "x-coding-stack-models" not in {k.lower() for k in chat.other[-1]["headers"]}
+    for model, scope in (("tiny-a", '["tiny-b"]'), ("claude-opus-4-8", '["tiny-z*"]'),
+                         ("claude-opus-4-8", "not json")):
+        r = scoped(model, scope)
+        assert r.status_code == 403 and r.json["error"]["code"] == "model_not_allowed", r.data
+    r = scoped("nope", '["tiny-b"]')
+    assert r.status_code == 404
+    assert r.json["error"]["message"].endswith("known models: tiny-b (b)")
+    assert [x for x in runtime.calls if x[0] == "start"][2:] == [], "no load for a refusal"
