@@ -18,6 +18,8 @@
 #
 #   bash tests/testbed/setup-vllm.sh           # build what is missing
 #   bash tests/testbed/setup-vllm.sh --smoke   # then start the image once and check it
+#   bash tests/testbed/setup-vllm.sh build     # build only (setup.sh, beside its compile)
+#   bash tests/testbed/setup-vllm.sh env       # append the exports to testbed.env only
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -240,6 +242,7 @@ smoke_checks() {
 }
 
 main() {
+  if [ "${1:-}" = env ]; then write_env; return; fi
   local t0=$SECONDS
   docker image inspect "$BASE_IMAGE" >/dev/null 2>&1 \
     || { log "base image $BASE_IMAGE missing: run tests/testbed/setup.sh first"; return 1; }
@@ -247,7 +250,8 @@ main() {
   step_wheelhouse "$pyver"
   step_image "$pyver"
   step_model
-  write_env
+  # `build`: setup.sh writes testbed.env once everything is laid, then runs `env`.
+  if [ "${1:-}" != build ]; then write_env; fi
   log "vLLM test bed ready in $((SECONDS - t0)) s"
   if [ "${1:-}" = "--smoke" ]; then smoke; fi
 }

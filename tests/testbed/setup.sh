@@ -268,18 +268,24 @@ main() {
   step_packages
   step_dockerd
   step_compose
-  # The compile and debootstrap are independent: run them side by side.
+  # The compile, the downloads, debootstrap and the CPU vLLM image are independent:
+  # side by side (on a new machine the compile is the long pole, and the others
+  # spend much of their time on the network and the disk).
   step_llama_server & local llama_pid=$!
   step_model
+  step_base_image
+  # The CPU vLLM image and model need only the base image and the GGUF.
+  CODING_STACK_CACHE="$cache" TESTBED_BASE_IMAGE="$BASE_IMAGE" \
+    TESTBED_MODELS_DIR="$cache/models" TESTBED_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf" \
+    bash "$here/setup-vllm.sh" build & local vllm_pid=$!
   step_venv
   step_agents
   step_litellm
-  step_base_image
   wait "$llama_pid"
   step_llamacpp_image
+  wait "$vllm_pid"
   write_env
-  # The CPU vLLM image and model (appends its exports to testbed.env).
-  bash "$here/setup-vllm.sh"
+  bash "$here/setup-vllm.sh" env        # appends its exports to testbed.env
   log "test bed ready in $((SECONDS - t0)) s"
 }
 
