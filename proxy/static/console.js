@@ -830,7 +830,8 @@ async function saveEdit(ev) {
   focusKeyButton("Edit " + name);
 }
 
-function openRevoke(name) {
+function openRevoke(key) {
+  const name = key.name;
   const box = $("key-confirm");
   $("key-edit").hidden = true;
   box.dataset.name = name;
@@ -952,52 +953,69 @@ function renderKeys() {
   renderUsage();
 }
 
+// The key table's cells (class, text), in the order of its header but the actions.
+const KEY_COLUMNS = [
+  ["name", (x) => x.name],
+  ["role", (x) => x.role],
+  ["models", (x) => x.models.join(", ")],
+  ["num max-concurrent", (x) => int(x.max_concurrent)],
+  ["num rpm", (x) => int(x.rpm)],
+  ["num tokens-per-day", (x) => int(x.tokens_per_day)],
+  ["num weight", (x) => String(x.weight)],
+  ["created", (x) => when(x.created)],
+  ["state", (x) => (x.revoked == null ? "active" : "revoked " + when(x.revoked))],
+  ["num today", (x, t) => (t ? int(t.requests) + " req · " + int(t.tokens)
+    + (x.tokens_per_day ? " / " + int(x.tokens_per_day) : "") + " tok" : "–")],
+];
+
+// Rows are kept per key (its name and when it was made) and their cells updated in
+// place: a refresh never replaces a button under the pointer (a click whose press
+// and release land on two different buttons is no click) nor the focused one.
 function renderKeyRows() {
   const showRevoked = $("keys-revoked").checked;
   const keys = S.keys.list.filter((x) => showRevoked || x.revoked == null);
   const today = usageToday();
   const tbody = $("keys").tBodies[0];
-  const sig = JSON.stringify([keys, keys.map((x) => today[x.name] || null)]);
   $("keys-empty").hidden = keys.length > 0;
-  if (tbody.dataset.key === sig) return;
-  tbody.dataset.key = sig;
-  // A rebuild keeps the focus on the same button (named per key).
-  const active = document.activeElement;
-  const focused = active && tbody.contains(active) ? active.getAttribute("aria-label") : null;
-  tbody.textContent = "";
-  for (const x of keys) {
-    const tr = el("tr");
-    tr.dataset.name = x.name;
-    if (x.revoked != null) tr.dataset.revoked = "1";
-    const t = today[x.name];
-    tr.append(el("td", "name", x.name), el("td", "role", x.role),
-      el("td", "models", x.models.join(", ")),
-      el("td", "num max-concurrent", int(x.max_concurrent)), el("td", "num rpm", int(x.rpm)),
-      el("td", "num tokens-per-day", int(x.tokens_per_day)),
-      el("td", "num weight", String(x.weight)), el("td", "created", when(x.created)),
-      el("td", "state", x.revoked == null ? "active" : "revoked " + when(x.revoked)),
-      el("td", "num today", t ? int(t.requests) + " req · " + int(t.tokens)
-        + (x.tokens_per_day ? " / " + int(x.tokens_per_day) : "") + " tok" : "–"));
-    const actions = el("td", "actions");
-    if (x.revoked == null) {
-      const edit = el("button", "edit", "Edit");
-      edit.type = "button";
-      edit.setAttribute("aria-label", "Edit " + x.name);
-      edit.addEventListener("click", () => openEdit(x));
-      const revoke = el("button", "revoke danger", "Revoke");
-      revoke.type = "button";
-      revoke.setAttribute("aria-label", "Revoke " + x.name);
-      revoke.addEventListener("click", () => openRevoke(x.name));
-      actions.append(edit, revoke);
+  const old = new Map([...tbody.rows].map((tr) => [tr.dataset.id, tr]));
+  keys.forEach((x, i) => {
+    const id = x.name + "@" + x.created;
+    let tr = old.get(id);
+    old.delete(id);
+    if (!tr) {
+      tr = el("tr");
+      tr.dataset.id = id;
+      tr.dataset.name = x.name;
+      for (const [cls] of KEY_COLUMNS) tr.append(el("td", cls));
+      tr.append(el("td", "actions"));
     }
-    tr.append(actions);
-    tbody.append(tr);
-  }
-  if (focused) {
-    for (const b of tbody.querySelectorAll("button")) {
-      if (b.getAttribute("aria-label") === focused) { b.focus(); break; }
+    KEY_COLUMNS.forEach(([, text], c) => {
+      const v = text(x, today[x.name]);
+      if (tr.cells[c].textContent !== v) tr.cells[c].textContent = v;
+    });
+    const actions = tr.cells[KEY_COLUMNS.length];
+    if (x.revoked != null) {
+      tr.dataset.revoked = "1";
+      actions.textContent = "";
+    } else if (!actions.firstChild) {
+      actions.append(keyButton("edit", "Edit", x.name, openEdit),
+        keyButton("revoke danger", "Revoke", x.name, openRevoke));
     }
-  }
+    if (tbody.rows[i] !== tr) tbody.insertBefore(tr, tbody.rows[i] || null);
+  });
+  for (const tr of old.values()) tr.remove();
+}
+
+// A row's button ("Edit alice"), acting on the key as last listed.
+function keyButton(cls, verb, name, action) {
+  const b = el("button", cls, verb);
+  b.type = "button";
+  b.setAttribute("aria-label", verb + " " + name);
+  b.addEventListener("click", () => {
+    const x = S.keys.list && S.keys.list.find((k) => k.name === name && k.revoked == null);
+    if (x) action(x);
+  });
+  return b;
 }
 
 // The usage rows of the last USAGE_DAYS days, summed per key and model.

@@ -325,6 +325,9 @@ def test_keys_made_used_changed_and_revoked_in_the_page(page, keyed_proxy, tmp_p
     assert [row.locator(f"td.{c}").inner_text() for c in
             ("role", "models", "max-concurrent", "rpm", "tokens-per-day", "weight", "state")] \
         == ["use", "tiny-a", "–", "30", "–", "2", "active"]
+    assert row.locator("td.today").inner_text() == "–"
+    revoke_button = f'button[aria-label="Revoke {name}"]'
+    page.eval_on_selector(revoke_button, "b => { b.dataset.mark = 'first'; }")
 
     # The API's refusals, said in the form: the name taken (409), a bad field (400).
     error = page.locator("#key-new .form-error")
@@ -369,6 +372,9 @@ def test_keys_made_used_changed_and_revoked_in_the_page(page, keyed_proxy, tmp_p
         .inner_text() == "1"                           # the refused model: counted too
     assert page.locator("#usage tfoot th").inner_text() == "total"
     assert row.locator("td.today").inner_text().startswith("2 req · ")
+    # Updated in place: the row's buttons are the same elements (a rebuilt row could
+    # swallow a click whose press and release land on two different buttons).
+    assert page.eval_on_selector(revoke_button, "b => b.dataset.mark") == "first"
     page.screenshot(path=str(tmp_path / "2-key-and-usage.png"), full_page=True)
 
     # Changed in the page: a bad change is said (400), a good one applies.
