@@ -3,10 +3,13 @@
 The page (proxy/static/console.*: plain HTML, JS and CSS, no build step, nothing
 fetched from elsewhere) reads `/events` (the swapper's event stream, through the
 proxy), `/v1/models`, `/running`, `/healthz`, `/logs/<model>/stream` and the
-proxy's recent requests at `/ui/activity`. With API_KEY set the page and its
+proxy's recent requests at `/ui/activity`; with an admin key and the key store
+on, its Keys section uses the admin API (`/admin/keys`, `/admin/usage`: no route
+of its own). With API_KEY set the page and its
 assets load without the key (they hold no data); every data call, the activity
 JSON included, needs it: the page asks for it, keeps it in the browser's
-localStorage and sends it as `Authorization: Bearer`, never in a URL.
+localStorage and sends it as `Authorization: Bearer`, never in a URL. A new
+key's token is shown once and kept nowhere by the page.
 """
 from __future__ import annotations
 

@@ -11,7 +11,9 @@
                                         usage per key, model and UTC day (since /
                                         until: YYYY-MM-DD, inclusive): rows and totals
 
-State changes are POSTs (a link or an <img> changes nothing). Without a store
+State changes are POSTs (a link or an <img> changes nothing). A field out of
+bounds is a 400 (invalid_key), a name an active key has a 409 (key_name_taken),
+an unknown name a 404 (key_not_found). Without a store
 (no KEYS_DB, no KEYS_DATABASE_URL) they answer 404 saying so."""
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from flask import Blueprint, current_app, request
 from common.errors import ApiError
 
 from . import usage as usage_mod
-from .store import FIELDS, StoreDown, UnknownKey
+from .store import FIELDS, NameTaken, StoreDown, UnknownKey
 
 bp = Blueprint("keys", __name__)
 
@@ -45,6 +47,8 @@ def _call(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except UnknownKey as e:
         raise ApiError(str(e), 404, code="key_not_found") from None
+    except NameTaken as e:
+        raise ApiError(str(e), 409, code="key_name_taken") from None
     except ValueError as e:
         raise ApiError(str(e), 400, code="invalid_key") from None
     except StoreDown:

@@ -84,6 +84,10 @@ class UnknownKey(LookupError):
     """No active key of that name."""
 
 
+class NameTaken(ValueError):
+    """An active key has that name already."""
+
+
 def new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
@@ -393,7 +397,7 @@ class SqlStore(Store):
         def go(cur):
             if self._x(cur, "SELECT 1 FROM keys WHERE name = ? AND revoked IS NULL",
                        (name,)).fetchone():
-                raise ValueError(f"a key named '{name}' exists already")
+                raise NameTaken(f"a key named '{name}' exists already")
             self._x(cur, "INSERT INTO keys (name, hash, role, models, max_concurrent, rpm, "
                          "tokens_per_day, weight, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (name, digest(token), f["role"], json.dumps(f["models"]),

@@ -1,8 +1,10 @@
 // The coding-stack console: live from /events, /v1/models, /running, /healthz,
-// /logs/<model>/stream and /ui/activity on this origin. No library, no build step.
+// /logs/<model>/stream and /ui/activity on this origin, and, for an admin key with
+// the key store on, /admin/keys and /admin/usage. No library, no build step.
 // The API key (when the stack has one) lives in localStorage and goes only in the
 // Authorization header: /events and the log are read with fetch() streams, not
-// EventSource (which cannot send headers). Every array here is bounded.
+// EventSource (which cannot send headers). A new key's token is kept only in the
+// box that shows it, until that box is closed. Every array here is bounded.
 "use strict";
 
 const KEY_STORE = "coding-stack.api-key";
@@ -13,6 +15,8 @@ const MAX_SAMPLES = 300;       // one per POLL_MS: 10 minutes
 const POLL_MS = 2000;
 const CALL_MS = 10000;         // a poll's call that has not answered by then is given up
 const MODELS_EVERY_MS = 10000;
+const KEYS_EVERY_MS = 10000;
+const USAGE_DAYS = 7;
 const STALE_MS = 45000;        // no byte on /events for this long: reconnect
 const TPS_WINDOW_S = 10;
 
@@ -37,7 +41,17 @@ const S = {
   refreshTimer: null,
   modelsAt: 0,
   callMs: CALL_MS,        // (a test shortens it)
+  keys: freshKeys(),      // the keys section (/admin/keys, /admin/usage)
 };
+
+// state: "unknown" (not asked yet), "on" (an admin key, the store on), "off" (no
+// store: 404 keys_off), "forbidden" (a `use` key: 403 admin_only). The last two are
+// asked once per start. error: what the last refresh met (a 503, no answer); the
+// last list is kept and shown under it.
+function freshKeys() {
+  return { state: "unknown", list: null, usage: null, error: "", at: 0, listAt: 0,
+           asked: 0, kept: 0 };
+}
 
 // A poll's calls end: one that hangs must not hold the one poll chain forever.
 const bounded = () => ({ signal: AbortSignal.timeout(S.callMs) });
@@ -69,8 +83,11 @@ async function apiJson(path, opts) {
   let body = null;
   try { body = await r.json(); } catch (e) { body = null; }
   if (!r.ok) {
-    const msg = body && body.error && body.error.message ? body.error.message : "HTTP " + r.status;
-    throw new Error(msg);
+    const err = body && body.error ? body.error : {};
+    const e = new Error(err.message || "HTTP " + r.status);
+    e.status = r.status;
+    e.code = err.code || "";
+    throw e;
   }
   return body;
 }
@@ -81,10 +98,12 @@ function needKey(message) {
   S.authed = false;
   S.models = []; S.modelIds = ""; S.status = {}; S.progress = {}; S.loadT0 = {}; S.running = null;
   S.activity = []; S.seq = 0; S.samples = []; S.lastEvent = null;
+  S.keys = freshKeys();
   $("main").hidden = true;
   $("models").tBodies[0].textContent = "";
   $("activity").tBodies[0].textContent = "";
   $("log").textContent = "";
+  clearKeys();
   $("keybox").hidden = false;
   $("key-msg").textContent = message || "";
   $("forget-key").hidden = !localStorage.getItem(KEY_STORE);
@@ -104,6 +123,7 @@ function stopAll() {
 // ------------------------------------------------------------------ start
 async function start() {
   stopAll();
+  S.keys = freshKeys();
   try {
     await refreshModels();
   } catch (e) {
@@ -284,6 +304,7 @@ async function poll(gen = S.pollGen) {
   try {
     const jobs = [refreshRunning(), refreshActivity(), refreshHealth()];
     if (Date.now() - S.modelsAt > MODELS_EVERY_MS) jobs.push(refreshModels());
+    if (Date.now() - S.keys.at > KEYS_EVERY_MS) jobs.push(refreshKeys());
     const results = await Promise.allSettled(jobs);
     if (results.some((r) => r.status === "rejected" && r.reason instanceof AuthError)) return;
     if (S.events && Date.now() - S.events.lastByte > STALE_MS && S.events.conn) {
@@ -678,6 +699,374 @@ function render() {
   renderResident();
   renderActivity();
   renderChart();
+  renderKeys();
+}
+
+// ------------------------------------------------------------------ keys
+// The keys section: the admin API only (GET /admin/keys?revoked=1, GET /admin/usage,
+// POST /admin/keys, POST /admin/keys/<name>, POST /admin/keys/<name>/revoke), every
+// change a POST with a JSON body. Shown for an admin key (or API_KEY) with the key
+// store on; a `use` key (403 admin_only) never sees it.
+const utcDay = (offset) => new Date(Date.now() + offset * 86400000).toISOString().slice(0, 10);
+
+// A poll's refresh and an action's may overlap: only the answers of the latest one
+// asked are kept (an older answer, from before a change, never hides it).
+async function refreshKeys() {
+  const k = S.keys;
+  if (k.state === "off" || k.state === "forbidden") return;
+  const ticket = ++k.asked;
+  try {
+    const [list, usage] = await Promise.all([
+      apiJson("/admin/keys?revoked=1", bounded()),
+      apiJson("/admin/usage?since=" + utcDay(1 - USAGE_DAYS), bounded())]);
+    if (ticket < k.kept) return;
+    k.kept = ticket;
+    k.state = "on";
+    k.list = list.keys || [];
+    k.usage = usage;
+    k.listAt = Date.now();
+    k.error = "";
+  } catch (e) {
+    if (e instanceof AuthError) throw e;
+    if (ticket < k.kept) return;
+    k.kept = ticket;
+    if (e.code === "admin_only") k.state = "forbidden";
+    else if (e.code === "keys_off") k.state = "off";
+    else k.error = callError(e);
+  } finally {
+    k.at = Date.now();
+  }
+}
+
+function callError(e) {
+  if (e.name === "TimeoutError") return "no answer within " + Math.round(S.callMs / 1000) + " s";
+  if (e instanceof TypeError) return "the proxy cannot be reached";
+  return e.message + (e.status ? " (HTTP " + e.status + ")" : "");
+}
+
+// A state change: POST with a JSON body (the origin guard refuses a browser's body
+// in any other type). Its error goes to `out` (the form's or the box's message).
+async function keyCall(button, path, body, out) {
+  if (button.getAttribute("aria-disabled") === "true") return null;
+  button.setAttribute("aria-disabled", "true");
+  out.textContent = "";
+  try {
+    return await apiJson(path, {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body), ...bounded() });
+  } catch (e) {
+    if (!(e instanceof AuthError)) out.textContent = callError(e);
+    return null;
+  } finally {
+    button.setAttribute("aria-disabled", "false");
+  }
+}
+
+async function keysChanged(what) {
+  announce(what);
+  try { await refreshKeys(); } catch (e) { /* a 401: the key box is shown */ }
+  render();
+}
+
+// A form's fields as the admin API takes them: models a list, a limit a number or
+// null (empty: no limit), weight a number (empty: left out). An entry the browser
+// cannot read as a number is an error here (its value would read as empty).
+function keyFields(form, { clear }) {
+  const out = {};
+  const models = form.elements.models.value.split(",").map((m) => m.trim()).filter(Boolean);
+  if (models.length || clear) out.models = models;
+  for (const name of ["max_concurrent", "rpm", "tokens_per_day", "weight"]) {
+    const input = form.elements[name];
+    if (input.validity.badInput) throw new Error(name + ": not a number");
+    const v = input.value.trim();
+    if (v !== "") out[name] = Number(v);
+    else if (clear && name !== "weight") out[name] = null;
+  }
+  return out;
+}
+
+async function createKey(ev) {
+  ev.preventDefault();
+  const form = $("key-new");
+  const out = form.querySelector(".form-error");
+  let body;
+  try {
+    body = { name: form.elements.namedItem("name").value.trim(), role: form.elements.role.value,
+             ...keyFields(form, { clear: false }) };
+  } catch (e) { out.textContent = e.message; return; }
+  const made = await keyCall(form.querySelector("button[type=submit]"), "/admin/keys", body, out);
+  if (!made) return;
+  form.reset();
+  showToken(made.key.name, made.token);
+  keysChanged("key " + made.key.name + " made; its token is shown once");
+}
+
+function openEdit(key) {
+  const form = $("key-edit");
+  $("key-confirm").hidden = true;
+  form.dataset.name = key.name;
+  $("ke-name").textContent = key.name;
+  form.elements.models.value = key.models.join(",");
+  for (const name of ["max_concurrent", "rpm", "tokens_per_day", "weight"]) {
+    form.elements[name].value = key[name] == null ? "" : String(key[name]);
+  }
+  form.querySelector(".form-error").textContent = "";
+  form.hidden = false;
+  form.elements.models.focus();
+}
+
+async function saveEdit(ev) {
+  ev.preventDefault();
+  const form = $("key-edit");
+  const out = form.querySelector(".form-error");
+  let body;
+  try { body = keyFields(form, { clear: true }); } catch (e) { out.textContent = e.message; return; }
+  const name = form.dataset.name;
+  const done = await keyCall(form.querySelector("button[type=submit]"),
+    "/admin/keys/" + encodeURIComponent(name), body, out);
+  if (!done) return;
+  form.hidden = true;
+  await keysChanged("key " + name + " changed");
+  focusKeyButton("Edit " + name);
+}
+
+function openRevoke(key) {
+  const name = key.name;
+  const box = $("key-confirm");
+  $("key-edit").hidden = true;
+  box.dataset.name = name;
+  $("kc-text").textContent = "Revoke key " + name + "? Its token is refused within a second, "
+    + "and a revoked key cannot be restored (a new key can take its name).";
+  $("kc-yes").textContent = "Revoke " + name;
+  box.querySelector(".form-error").textContent = "";
+  box.hidden = false;
+  $("kc-no").focus();
+}
+
+async function confirmRevoke() {
+  const box = $("key-confirm");
+  const name = box.dataset.name;
+  const done = await keyCall($("kc-yes"), "/admin/keys/" + encodeURIComponent(name) + "/revoke",
+    {}, box.querySelector(".form-error"));
+  if (!done) return;
+  box.hidden = true;
+  keysChanged("key " + name + " revoked");
+}
+
+// The new key's token, in this box only (never stored, never in a URL), until the
+// box is closed. It lives outside <main>: a first key made through an open door
+// closes the door, and the key box that then replaces <main> leaves the token shown.
+function showToken(name, token) {
+  $("nt-name").textContent = name;
+  const input = $("nt-token");
+  input.value = token;
+  $("nt-copied").textContent = "";
+  $("new-token").hidden = false;
+  input.focus();
+  input.select();
+}
+
+function closeToken() {
+  $("nt-token").value = "";
+  $("nt-name").textContent = "";
+  $("nt-copied").textContent = "";
+  $("new-token").hidden = true;
+  if (!$("main").hidden && !$("keys-body").hidden) $("key-new").elements.namedItem("name").focus();
+}
+
+// Back to a key's button (Edit / Revoke) when its form or box closes.
+function focusKeyButton(label) {
+  for (const b of $("keys").tBodies[0].querySelectorAll("button")) {
+    if (b.getAttribute("aria-label") === label) { b.focus(); return; }
+  }
+}
+
+async function copyToken() {
+  const input = $("nt-token");
+  let copied = false;
+  try {
+    await navigator.clipboard.writeText(input.value);      // a secure context: loopback, https
+    copied = true;
+  } catch (e) {
+    input.focus();
+    input.select();
+    try { copied = document.execCommand("copy"); } catch (e2) { copied = false; }
+  }
+  $("nt-copied").textContent = copied ? "Copied." : "Selected: press Ctrl+C (⌘C) to copy it.";
+  announce($("nt-copied").textContent);
+}
+
+function clearKeys() {
+  for (const id of ["keys", "usage"]) {
+    const t = $(id);
+    t.tBodies[0].textContent = "";
+    delete t.tBodies[0].dataset.key;
+  }
+  $("usage").tFoot.textContent = "";
+  $("key-edit").hidden = true;
+  $("key-confirm").hidden = true;
+  $("keys-panel").hidden = true;
+}
+
+const int = (v) => (v == null ? "–" : Number(v).toLocaleString("en-US"));
+const when = (t) => new Date(t * 1000).toLocaleString();
+
+// Today's requests and tokens (prompt + completion) per key name, from the usage rows.
+function usageToday() {
+  const out = {};
+  const today = utcDay(0);
+  for (const r of (S.keys.usage && S.keys.usage.rows) || []) {
+    if (r.day !== today) continue;
+    const t = out[r.key] || (out[r.key] = { requests: 0, tokens: 0 });
+    t.requests += r.requests;
+    t.tokens += r.prompt_tokens + r.completion_tokens;
+  }
+  return out;
+}
+
+function renderKeys() {
+  const k = S.keys;
+  const shown = k.state === "on" || k.state === "off" || (k.state === "unknown" && k.error !== "");
+  $("keys-panel").hidden = !shown;
+  if (!shown) return;
+  const msg = $("keys-msg");
+  let text = "", kind = "note";
+  if (k.state === "off") {
+    text = "Keys are off: set KEYS_DB (SQLite) or KEYS_DATABASE_URL (PostgreSQL) to give each "
+      + "person or tool a key of its own (docs/keys.md).";
+  } else if (k.error) {
+    kind = "error";
+    text = "Keys: " + k.error + (k.list ? "; the list below is as of "
+      + new Date(k.listAt).toLocaleTimeString() : "") + ". Trying again every "
+      + KEYS_EVERY_MS / 1000 + " s.";
+  } else if (!localStorage.getItem(KEY_STORE)) {
+    text = "No key has been made yet, and API_KEY is not set: the door is open. The first key "
+      + "closes it, and this console then asks for a key: make an admin key first and keep "
+      + "its token.";
+  }
+  if (msg.textContent !== text) msg.textContent = text;
+  msg.dataset.kind = kind;
+  msg.hidden = !text;
+  $("keys-body").hidden = !k.list;
+  if (!k.list) return;
+  renderKeyRows();
+  renderUsage();
+}
+
+// The key table's cells (class, text), in the order of its header but the actions.
+const KEY_COLUMNS = [
+  ["name", (x) => x.name],
+  ["role", (x) => x.role],
+  ["models", (x) => x.models.join(", ")],
+  ["num max-concurrent", (x) => int(x.max_concurrent)],
+  ["num rpm", (x) => int(x.rpm)],
+  ["num tokens-per-day", (x) => int(x.tokens_per_day)],
+  ["num weight", (x) => String(x.weight)],
+  ["created", (x) => when(x.created)],
+  ["state", (x) => (x.revoked == null ? "active" : "revoked " + when(x.revoked))],
+  ["num today", (x, t) => (t ? int(t.requests) + " req · " + int(t.tokens)
+    + (x.tokens_per_day ? " / " + int(x.tokens_per_day) : "") + " tok" : "–")],
+];
+
+// Rows are kept per key (its name and when it was made) and their cells updated in
+// place: a refresh never replaces a button under the pointer (a click whose press
+// and release land on two different buttons is no click) nor the focused one.
+function renderKeyRows() {
+  const showRevoked = $("keys-revoked").checked;
+  const keys = S.keys.list.filter((x) => showRevoked || x.revoked == null);
+  const today = usageToday();
+  const tbody = $("keys").tBodies[0];
+  $("keys-empty").hidden = keys.length > 0;
+  const old = new Map([...tbody.rows].map((tr) => [tr.dataset.id, tr]));
+  keys.forEach((x, i) => {
+    const id = x.name + "@" + x.created;
+    let tr = old.get(id);
+    old.delete(id);
+    if (!tr) {
+      tr = el("tr");
+      tr.dataset.id = id;
+      tr.dataset.name = x.name;
+      for (const [cls] of KEY_COLUMNS) tr.append(el("td", cls));
+      tr.append(el("td", "actions"));
+    }
+    KEY_COLUMNS.forEach(([, text], c) => {
+      const v = text(x, today[x.name]);
+      if (tr.cells[c].textContent !== v) tr.cells[c].textContent = v;
+    });
+    const actions = tr.cells[KEY_COLUMNS.length];
+    if (x.revoked != null) {
+      tr.dataset.revoked = "1";
+      actions.textContent = "";
+    } else if (!actions.firstChild) {
+      actions.append(keyButton("edit", "Edit", x.name, openEdit),
+        keyButton("revoke danger", "Revoke", x.name, openRevoke));
+    }
+    if (tbody.rows[i] !== tr) tbody.insertBefore(tr, tbody.rows[i] || null);
+  });
+  for (const tr of old.values()) tr.remove();
+}
+
+// A row's button ("Edit alice"), acting on the key as last listed.
+function keyButton(cls, verb, name, action) {
+  const b = el("button", cls, verb);
+  b.type = "button";
+  b.setAttribute("aria-label", verb + " " + name);
+  b.addEventListener("click", () => {
+    const x = S.keys.list && S.keys.list.find((k) => k.name === name && k.revoked == null);
+    if (x) action(x);
+  });
+  return b;
+}
+
+// The usage rows of the last USAGE_DAYS days, summed per key and model.
+const USAGE_COLUMNS = [
+  ["num requests", (r) => int(r.requests)],
+  ["num prompt", (r) => int(r.prompt_tokens)],
+  ["num cached", (r) => int(r.cached_tokens)],
+  ["num completion", (r) => int(r.completion_tokens)],
+  ["num wait", (r) => secs(r.queue_wait_seconds)],
+  ["num load", (r) => secs(r.load_seconds)],
+];
+const USAGE_FIELDS = ["requests", "prompt_tokens", "cached_tokens", "completion_tokens",
+  "queue_wait_seconds", "load_seconds"];
+
+function renderUsage() {
+  const u = S.keys.usage || { rows: [], totals: null, pending_rows: 0 };
+  const sums = new Map();
+  for (const r of u.rows || []) {
+    const id = JSON.stringify([r.key, r.model]);
+    const s = sums.get(id) || { key: r.key, model: r.model };
+    for (const f of USAGE_FIELDS) s[f] = (s[f] || 0) + r[f];
+    sums.set(id, s);
+  }
+  const rows = [...sums.values()].sort((a, b) => a.key.localeCompare(b.key) || a.model.localeCompare(b.model));
+  const tbody = $("usage").tBodies[0];
+  const sig = JSON.stringify([rows, u.totals]);
+  let note = rows.length ? "" : "No model requests by a key in the last " + USAGE_DAYS + " days.";
+  if (u.pending_rows) {
+    note += (note ? " " : "") + u.pending_rows + " usage row(s) wait in this proxy worker's memory "
+      + "for the key database.";
+  }
+  $("usage-msg").textContent = note;
+  if (tbody.dataset.key === sig) return;
+  tbody.dataset.key = sig;
+  tbody.textContent = "";
+  for (const r of rows) {
+    const tr = el("tr");
+    tr.dataset.key = r.key;
+    tr.dataset.model = r.model;
+    tr.append(el("td", "key-name", r.key), el("td", "model", r.model || "–"));
+    for (const [cls, text] of USAGE_COLUMNS) tr.append(el("td", cls, text(r)));
+    tbody.append(tr);
+  }
+  const foot = $("usage").tFoot;
+  foot.textContent = "";
+  if (rows.length && u.totals) {
+    const tr = el("tr", "totals");
+    tr.append(el("th", null, "total"), el("td"));
+    for (const [cls, text] of USAGE_COLUMNS) tr.append(el("td", cls, text(u.totals)));
+    foot.append(tr);
+  }
 }
 
 // ------------------------------------------------------------------ wiring
@@ -692,6 +1081,22 @@ $("key-form").addEventListener("submit", (ev) => {
 });
 $("forget-key").addEventListener("click", () => {
   localStorage.removeItem(KEY_STORE);
+  closeToken();
   needKey("");
 });
+$("key-new").addEventListener("submit", createKey);
+$("key-edit").addEventListener("submit", saveEdit);
+$("ke-cancel").addEventListener("click", () => {
+  $("key-edit").hidden = true;
+  focusKeyButton("Edit " + $("key-edit").dataset.name);
+});
+$("kc-yes").addEventListener("click", confirmRevoke);
+$("kc-no").addEventListener("click", () => {
+  $("key-confirm").hidden = true;
+  focusKeyButton("Revoke " + $("key-confirm").dataset.name);
+});
+$("keys-revoked").addEventListener("change", renderKeys);
+$("usage-refresh").addEventListener("click", () => keysChanged("usage refreshed"));
+$("nt-copy").addEventListener("click", copyToken);
+$("nt-done").addEventListener("click", closeToken);
 start();

@@ -6,6 +6,7 @@ A screenshot of each state goes to the test's tmp_path."""
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import threading
 
@@ -14,6 +15,7 @@ import requests
 from playwright import sync_api
 
 from tests.support.proxyproc import ProxyProcess
+from tests.support.servers import wait_until
 from tests.support.swapperproc import SwapperProcess, stack_containers
 
 CHROMIUM = "/usr/bin/chromium"
@@ -49,8 +51,11 @@ def proxy(swapper):
 
 
 @pytest.fixture(scope="module")
-def keyed_proxy(swapper):
-    with ProxyProcess(BACKEND_URL=swapper.url, WEB_SEARCH="0", API_KEY=KEY) as p:
+def keyed_proxy(swapper, tmp_path_factory):
+    """API_KEY set, and a key store (SQLite): until a test makes a key in it, the
+    door is API_KEY's alone, as without the store."""
+    db = str(tmp_path_factory.mktemp("console-keys") / "keys.db")
+    with ProxyProcess(BACKEND_URL=swapper.url, WEB_SEARCH="0", API_KEY=KEY, KEYS_DB=db) as p:
         yield p
 
 
@@ -253,6 +258,253 @@ def test_key_asked_nothing_shown_without_it(page, keyed_proxy, tmp_path):
     page.wait_for_selector('#models tr[data-model="tiny-a"]', timeout=10_000)
     assert page.locator("#keybox").is_hidden()
     assert json.loads(page.evaluate("JSON.stringify(localStorage.getItem('coding-stack.api-key'))")) == KEY
+
+
+# ------------------------------------------------------------------ issue 35: keys
+
+def log_in(page, url: str, key: str) -> None:
+    page.goto(url + "/ui")
+    page.wait_for_selector("#keybox:not([hidden])", timeout=10_000)
+    page.fill("#key", key)
+    page.click("#key-save")
+    page.wait_for_selector('#models tr[data-model="tiny-a"]', timeout=10_000)
+
+
+def chat_as(url: str, token: str, model: str, **kw) -> requests.Response:
+    return requests.post(url + "/v1/chat/completions", timeout=WAIT_MS / 1000,
+                         headers={"Authorization": f"Bearer {token}"},
+                         json={"model": model, "max_tokens": 2,
+                               "messages": [{"role": "user", "content": "hi"}], **kw})
+
+
+def models_of(url: str, token: str) -> list[str] | int:
+    r = requests.get(url + "/v1/models", headers={"Authorization": f"Bearer {token}"},
+                     timeout=10)
+    return [m["id"] for m in r.json()["data"]] if r.ok else r.status_code
+
+
+def key_form(page, form: str, **fields) -> None:
+    for name, value in fields.items():
+        page.locator(f'{form} [name="{name}"]').fill(value)
+
+
+def test_keys_made_used_changed_and_revoked_in_the_page(page, keyed_proxy, tmp_path):
+    """Issue 35, from the console with API_KEY (an admin key) on a real SQLite key
+    store: a key made in the page (its token shown once, copied, never in a URL, in
+    localStorage or in the proxy's log) works from Python, scoped as set; its usage
+    (tokens, queue wait, load seconds) shows after a request; a change made in the
+    page applies; the API's refusals (409, 400, 503) are said in the page; revoked
+    in the page (after a confirmation), its token is refused."""
+    url = keyed_proxy.url
+    admin = {"Authorization": f"Bearer {KEY}"}
+    name = "alice-" + secrets.token_hex(3)
+    assert requests.post(url + "/unload", headers=admin, timeout=WAIT_MS / 1000).ok
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    log_in(page, url, KEY)
+    page.wait_for_selector("#keys-body:not([hidden])", timeout=10_000)
+
+    # Made in the page: use, tiny-a only, 30 a minute, weight 2.
+    key_form(page, "#key-new", name=name, models="tiny-a", rpm="30", weight="2")
+    page.click("#key-new button[type=submit]")
+    page.wait_for_selector("#new-token:not([hidden])", timeout=10_000)
+    token = page.input_value("#nt-token")
+    assert token.startswith("cs-") and len(token) == 46
+    assert "Shown once." in page.locator("#new-token").inner_text()
+    assert page.evaluate("() => document.activeElement.id") == "nt-token"
+    page.click("#nt-copy")
+    page.wait_for_function("() => document.getElementById('nt-copied').textContent === 'Copied.'",
+                           timeout=5_000)
+    assert page.evaluate("() => navigator.clipboard.readText()") == token
+    page.screenshot(path=str(tmp_path / "1-token-shown-once.png"), full_page=True)
+    page.click("#nt-done")
+    assert page.locator("#new-token").is_hidden() and page.input_value("#nt-token") == ""
+    assert token not in page.content()
+    assert page.evaluate("() => Object.keys(localStorage)") == ["coding-stack.api-key"]
+    row = page.locator(f'#keys tr[data-name="{name}"]')
+    row.wait_for(timeout=10_000)
+    assert [row.locator(f"td.{c}").inner_text() for c in
+            ("role", "models", "max-concurrent", "rpm", "tokens-per-day", "weight", "state")] \
+        == ["use", "tiny-a", "–", "30", "–", "2", "active"]
+    assert row.locator("td.today").inner_text() == "–"
+    revoke_button = f'button[aria-label="Revoke {name}"]'
+    page.eval_on_selector(revoke_button, "b => { b.dataset.mark = 'first'; }")
+
+    # The API's refusals, said in the form: the name taken (409), a bad field (400).
+    error = page.locator("#key-new .form-error")
+    key_form(page, "#key-new", name=name)
+    page.click("#key-new button[type=submit]")
+    page.wait_for_function("() => /exists already \\(HTTP 409\\)/.test(document.querySelector("
+                           "'#key-new .form-error').textContent)", timeout=10_000)
+    key_form(page, "#key-new", name=name + "-b", rpm="0")
+    page.click("#key-new button[type=submit]")
+    page.wait_for_function("() => /rpm must be .*\\(HTTP 400\\)/.test(document.querySelector("
+                           "'#key-new .form-error').textContent)", timeout=10_000)
+    assert error.is_visible() and page.locator("#new-token").is_hidden()
+
+    # The token works from Python, scoped as set (and it is no admin key).
+    assert models_of(url, token) == ["tiny-a"]
+    refused = chat_as(url, token, "tiny-b")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "model_not_allowed"
+    r = requests.get(url + "/admin/keys", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "admin_only"
+    answered = chat_as(url, token, "tiny-a")          # it waits for tiny-a's load
+    assert answered.status_code == 200, answered.text
+
+    # Its usage in the page: a row per model for the last 7 days, and today's in the list.
+    def usage_row(model):
+        rows = requests.get(url + "/admin/usage", params={"key": name, "model": model},
+                            headers=admin, timeout=10).json()["rows"]
+        return rows[0] if rows else None
+    wait_until(lambda: usage_row("tiny-a"), "tiny-a's usage row written", deadline=10,
+               every=0.1)
+    want = usage_row("tiny-a")
+    assert want["requests"] == 1 and want["prompt_tokens"] > 0 and want["load_seconds"] > 0
+    page.click("#usage-refresh")
+    cells = page.locator(f'#usage tr[data-key="{name}"][data-model="tiny-a"]')
+    cells.wait_for(timeout=10_000)
+    assert [cells.locator(f"td.{c}").inner_text() for c in
+            ("requests", "prompt", "cached", "completion")] == \
+        [f"{want[c]:,}" for c in ("requests", "prompt_tokens", "cached_tokens",
+                                  "completion_tokens")]
+    for c in ("wait", "load"):
+        assert cells.locator(f"td.{c}").inner_text() not in ("–", "0 ms")
+    assert page.locator(f'#usage tr[data-key="{name}"][data-model="tiny-b"] td.requests') \
+        .inner_text() == "1"                           # the refused model: counted too
+    assert page.locator("#usage tfoot th").inner_text() == "total"
+    assert row.locator("td.today").inner_text().startswith("2 req · ")
+    # Updated in place: the row's buttons are the same elements (a rebuilt row could
+    # swallow a click whose press and release land on two different buttons).
+    assert page.eval_on_selector(revoke_button, "b => b.dataset.mark") == "first"
+    page.screenshot(path=str(tmp_path / "2-key-and-usage.png"), full_page=True)
+
+    # Changed in the page: a bad change is said (400), a good one applies.
+    page.click(f'button[aria-label="Edit {name}"]')
+    edit = page.locator("#key-edit")
+    assert edit.locator('[name="models"]').input_value() == "tiny-a"
+    assert edit.locator('[name="rpm"]').input_value() == "30"
+    key_form(page, "#key-edit", models=" , ")
+    edit.locator("button[type=submit]").click()
+    page.wait_for_function("() => /at least one model.*\\(HTTP 400\\)/.test(document"
+                           ".querySelector('#key-edit .form-error').textContent)", timeout=10_000)
+    key_form(page, "#key-edit", models="tiny-b", rpm="", max_concurrent="1", weight="3")
+    edit.locator("button[type=submit]").click()
+    edit.wait_for(state="hidden", timeout=10_000)
+    page.wait_for_function("n => document.activeElement.getAttribute('aria-label') === `Edit ${n}`",
+                           arg=name, timeout=10_000)        # the focus back on its button
+    page.wait_for_function("n => document.querySelector(`#keys tr[data-name='${n}'] td.models`)"
+                           ".textContent === 'tiny-b'", arg=name, timeout=10_000)
+    assert [row.locator(f"td.{c}").inner_text() for c in ("max-concurrent", "rpm", "weight")] \
+        == ["1", "–", "3"]
+    got = requests.get(url + f"/admin/keys/{name}", headers=admin, timeout=10).json()["key"]
+    assert (got["models"], got["max_concurrent"], got["rpm"], got["weight"]) == \
+        (["tiny-b"], 1, None, 3.0)
+    wait_until(lambda: chat_as(url, token, "tiny-a").status_code == 403,
+               "tiny-a refused to the changed key", deadline=10, every=0.2)
+    assert models_of(url, token) == ["tiny-b"]
+
+    # The key database unreachable (the admin routes' 503, stubbed here): said in
+    # the section, the last list still shown; then it clears by itself.
+    def down(route):
+        route.fulfill(status=503, headers={"Retry-After": "1"}, json={"error": {
+            "message": "the key database is unreachable", "type": "server_error",
+            "code": "key_store_unavailable"}})
+    page.route("**/admin/**", down)
+    page.click("#usage-refresh")
+    page.wait_for_function("() => /unreachable \\(HTTP 503\\)/.test("
+                           "document.getElementById('keys-msg').textContent)", timeout=10_000)
+    assert row.is_visible()
+    page.screenshot(path=str(tmp_path / "3-store-down.png"), full_page=True)
+    page.unroute("**/admin/**", down)
+    page.click("#usage-refresh")
+    page.wait_for_selector("#keys-msg[hidden]", state="attached", timeout=10_000)
+
+    # Revoked in the page, after a confirmation (cancelled once).
+    page.click(f'button[aria-label="Revoke {name}"]')
+    assert name in page.locator("#kc-text").inner_text()
+    page.click("#kc-no")
+    assert page.locator("#key-confirm").is_hidden() and models_of(url, token) == ["tiny-b"]
+    assert page.evaluate("() => document.activeElement.getAttribute('aria-label')") == \
+        f"Revoke {name}"
+    page.click(f'button[aria-label="Revoke {name}"]')
+    page.click(f'#key-confirm button:text-is("Revoke {name}")')
+    row.wait_for(state="detached", timeout=10_000)
+    page.check("#keys-revoked")
+    gone = page.locator(f'#keys tr[data-name="{name}"][data-revoked]')
+    assert gone.locator("td.state").inner_text().startswith("revoked ")
+    assert gone.locator("button").count() == 0
+    wait_until(lambda: models_of(url, token) == 401, "the revoked token refused", deadline=10,
+               every=0.2)
+    page.screenshot(path=str(tmp_path / "4-revoked.png"), full_page=True)
+
+    # The token went in no URL the page asked for, nor in the proxy's log.
+    assert not [r.url for r in page.requests_seen if token in r.url]
+    assert token not in keyed_proxy.logs()
+    assert requests.post(url + "/unload", headers=admin, timeout=WAIT_MS / 1000).ok
+
+
+def test_a_use_key_sees_no_keys_section(page, keyed_proxy):
+    """A `use` key in the console: the page asked once, got 403 admin_only, and shows
+    no keys section; the key cannot list keys from the page either."""
+    name = "bob-" + secrets.token_hex(3)
+    admin = {"Authorization": f"Bearer {KEY}"}
+    r = requests.post(keyed_proxy.url + "/admin/keys", headers=admin, timeout=10,
+                      json={"name": name})
+    assert r.status_code == 201, r.text
+    token = r.json()["token"]
+    log_in(page, keyed_proxy.url, token)
+    page.wait_for_function("() => S.keys.state === 'forbidden'", timeout=10_000)
+    assert page.locator("#keys-panel").is_hidden()
+    assert page.locator("#main").is_visible()
+    got = page.evaluate("""async (t) => { const r = await fetch('/admin/keys',
+        {headers: {Authorization: 'Bearer ' + t}}); return [r.status, await r.text()]; }""", token)
+    assert got[0] == 403 and json.loads(got[1])["error"]["code"] == "admin_only"
+    assert len([q for q in page.requests_seen if q.url.endswith("/admin/keys?revoked=1")]) == 1
+    assert requests.post(keyed_proxy.url + f"/admin/keys/{name}/revoke", headers=admin,
+                         timeout=10).ok
+
+
+def test_the_first_key_through_an_open_door_keeps_its_token_shown(page, proxy):
+    """A store that has never held a key and no API_KEY (stubbed here on the proxy
+    without a store: its admin routes answered as such a proxy answers): the section
+    says the first key closes the door; once made, the console's calls are refused
+    (401) and it asks for a key, and the new token stays shown until closed."""
+    token = "cs-" + "t" * 43
+    closed = threading.Event()
+    made = {"name": "ops", "role": "admin", "models": ["*"], "max_concurrent": None,
+            "rpm": None, "tokens_per_day": None, "weight": 1.0, "created": 1.8e9,
+            "revoked": None}
+
+    def door(route):
+        path = route.request.url.split("://", 1)[1].split("/", 1)[1]
+        if path.startswith("ui"):
+            return route.continue_()
+        if closed.is_set():
+            return route.fulfill(status=401, json={"error": {
+                "message": "missing or wrong API key", "type": "authentication_error",
+                "code": "invalid_api_key"}})
+        if path == "admin/keys" and route.request.method == "POST":
+            assert route.request.headers["content-type"] == "application/json"
+            assert json.loads(route.request.post_data)["role"] == "admin"
+            closed.set()
+            return route.fulfill(status=201, json={"key": made, "token": token})
+        if path.startswith("admin/keys"):
+            return route.fulfill(json={"keys": []})
+        if path.startswith("admin/usage"):
+            return route.fulfill(json={"rows": [], "totals": {}, "pending_rows": 0})
+        return route.continue_()
+    page.route("**/*", door)
+    page.goto(proxy.url + "/ui")
+    page.wait_for_selector("#keys-body:not([hidden])", timeout=10_000)
+    assert "The first key closes it" in page.locator("#keys-msg").inner_text()
+    assert page.locator("#keys-empty").is_visible()
+    page.locator('#key-new [name="name"]').fill("ops")
+    page.select_option('#key-new [name="role"]', "admin")
+    page.click("#key-new button[type=submit]")
+    page.wait_for_selector("#keybox:not([hidden])", timeout=10_000)
+    assert page.locator("#main").is_hidden()
+    assert page.locator("#new-token").is_visible() and page.input_value("#nt-token") == token
+    page.click("#nt-done")
+    assert page.locator("#new-token").is_hidden() and token not in page.content()
 
 
 def stub(page, models: dict, events: str, running: dict, activity: list, logs: dict) -> None:
@@ -684,12 +936,16 @@ def test_a_page_on_another_origin_reads_nothing_changes_nothing(
 
 def test_the_console_works_from_its_own_origin_under_another_name(page, proxy):
     """The console reached as http://localhost:<port> (a loopback name, not the
-    address) is its own origin: its page, event stream and data calls pass."""
+    address) is its own origin: its page, event stream and data calls pass. This
+    proxy has no key store: the keys section says keys are off, and offers nothing."""
     port = proxy.url.rsplit(":", 1)[1]
     page.goto(f"http://localhost:{port}/ui")
     page.wait_for_selector('#models tr[data-model="tiny-a"]', timeout=10_000)
     page.wait_for_function("() => document.getElementById('conn').textContent === 'live'",
                            timeout=10_000)
+    page.wait_for_selector("#keys-panel:not([hidden])", timeout=10_000)
+    assert page.locator("#keys-msg").inner_text().startswith("Keys are off: set KEYS_DB")
+    assert page.locator("#keys-body").is_hidden()
 
 
 def test_an_allowlisted_origin_reads_through_the_proxys_own_cors(page, swapper, attacker):

@@ -230,7 +230,8 @@ def test_admin_api_makes_changes_and_revokes(chat, db):
     r = post(c, "/admin/keys", {"name": "ivy", "models": ["qwen-*"], "rpm": 5}, admin)
     assert r.status_code == 201
     token = r.json["token"]
-    assert post(c, "/admin/keys", {"name": "ivy"}, admin).status_code == 400   # taken
+    taken = post(c, "/admin/keys", {"name": "ivy"}, admin)
+    assert taken.status_code == 409 and taken.json["error"]["code"] == "key_name_taken"
     assert post(c, "/admin/keys", {"name": "x", "rpm": 0}, admin).status_code == 400
     assert post(c, "/admin/keys", {"name": "x", "colour": 1}, admin).status_code == 400
     r = post(c, "/admin/keys/ivy", {"rpm": None, "weight": 3}, admin)
