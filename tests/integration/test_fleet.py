@@ -6,7 +6,8 @@ B declares beta and gamma -- and a third, C, whose proxy runs web search against
 SearXNG-shaped server in front of a scripted model that searches. In front of them the
 pinned LiteLLM proxy (TESTBED_LITELLM) started from the config scripts/fleet.py
 writes, with our routing plugin (deploy/fleet/routing.py). Which stack served a
-request: LiteLLM's `x-litellm-model-id` header (`<stack>:<api>:<model>`). Loads and
+request: LiteLLM's `x-litellm-model-id` header (`<stack>:<api>:<model>`; with a
+person's key it is a per-request id, and the stacks' own request counters tell). Loads and
 swaps: each swapper's /metrics. Docker is sampled all along: no stack ever runs two
 backends.
 
