@@ -11,7 +11,9 @@ through natively so server tools and their result blocks stay intact); the routi
 plugin (deploy/fleet/routing.py) picks the one that fits the request's dialect. The
 stacks' aliases become model-group aliases. A stack's API key is passed on as
 `os.environ/FLEET_KEY_<NAME>` (never written into the file); the router's own key is
-`os.environ/LITELLM_MASTER_KEY`.
+`os.environ/LITELLM_MASTER_KEY`. A person's key of the stacks' shared key store
+(`cs-...`) is no part of the config: the plugin passes it on per request in place of
+FLEET_KEY (docs/fleet.md, Keys).
 
 The agents' own model names (Claude Code's `claude-*` tiers -- haiku for background
 calls -- and Codex's `gpt-5*` / `codex-*` defaults), which a stack answers with a

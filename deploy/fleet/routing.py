@@ -7,7 +7,10 @@ after LiteLLM's own cooldown filter, before its routing strategy) narrows a mode
 group to the one deployment we choose. Everything else stays LiteLLM's: retries,
 cooldowns of failing deployments, fallbacks. It also checks the router's key
 (`fleet_auth`, LiteLLM's `general_settings.custom_auth`): the master key or a 401
-(on Anthropic Messages in Anthropic's error shape).
+(on Anthropic Messages in Anthropic's error shape); a person's key (`cs-...`, from
+the stacks' shared key store) is passed on to the stack, which checks it
+(`async_pre_call_hook`), and the stack's refusal is the answer, never retried on
+another stack (`pick`).
 
 Two parts, each testable alone:
 - `choose()`: a pure function: the stacks that declare the model, their status, the
@@ -24,10 +27,12 @@ the stack maps it to: "@resident", or a model id).
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -249,6 +254,29 @@ def tried_deployments(request_kwargs: dict | None) -> set[str]:
     return out
 
 
+def retry_after(error: Exception) -> str | None:
+    """The Retry-After of the stack's answer an exception of LiteLLM's carries."""
+    for headers in (getattr(getattr(error, "response", None), "headers", None),
+                    getattr(error, "litellm_response_headers", None),
+                    getattr(error, "headers", None)):
+        try:
+            value = headers.get("retry-after") if headers is not None else None
+        except AttributeError:
+            value = None
+        if value:
+            return str(value)
+    return None
+
+
+class Attempts:
+    """A request's failed attempts (one carrying a person's key): the stacks that
+    failed it, and the stack's refusal that is its answer."""
+
+    def __init__(self):
+        self.stacks: set[str] = set()
+        self.refused: Exception | None = None
+
+
 class FleetRouter(CustomLogger):
     """Narrows a model group to the deployment on the chosen stack."""
 
@@ -268,6 +296,9 @@ class FleetRouter(CustomLogger):
         self.models_per_session = models_per_session
         self.choices = 0
         self._lock = threading.Lock()
+        # LiteLLM's call id -> the failed attempts of a request with a person's key
+        self.failed: OrderedDict[str, Attempts] = OrderedDict()
+        self.max_failed = 1000
 
     def ensure_poller(self, deployments: list[dict] | None = None) -> StatusPoller:
         """Started on first use: the stacks from FLEET_STACKS (name=url,...) or, failing
@@ -321,6 +352,17 @@ class FleetRouter(CustomLogger):
         failed = tried_deployments(request_kwargs)
         failed_stacks = {d["model_info"]["fleet_stack"] for d in ours
                          if d["model_info"].get("id") in failed}
+        attempts = self.attempts(request_kwargs)
+        if attempts is not None:
+            # A person's key (passed on): LiteLLM names its attempts by per-request ids
+            # (client-side credential deployments), so its failed stacks are ours to
+            # note. A stack's refusal of the key (401, 403, 429) is the answer: every
+            # stack checks it against the one database and would answer the same, so
+            # LiteLLM's retry (it retries these on another deployment) ends here, with
+            # that answer, before any other stack sees the request.
+            if attempts.refused is not None:
+                raise attempts.refused
+            failed_stacks |= attempts.stacks
         if failed_stacks and set(by_stack) - failed_stacks:
             by_stack = {s: d for s, d in by_stack.items() if s not in failed_stacks}
         model_id = fitting[0]["model_info"].get("fleet_model") or model
@@ -349,6 +391,86 @@ class FleetRouter(CustomLogger):
                                        request_kwargs=None, parent_otel_span=None):
         return self.pick(model, healthy_deployments, request_kwargs)
 
+    # -------------------------------------------------------------- a person's key
+
+    async def async_pre_call_hook(self, user_api_key_dict, cache, data, call_type):
+        """A request `fleet_auth` let through with a person's key (`cs-...`, from the
+        stacks' key store): the key goes on to the stack as this request's `api_key`,
+        LiteLLM's per-request credential (router.py `_handle_clientside_credential`:
+        it takes the place of the deployment's FLEET_KEY, for `openai/` and
+        `anthropic/` deployments alike, and LiteLLM keeps it out of its logged copies
+        of the request). The key is read from the request's headers as LiteLLM keeps
+        them for such uses (`secret_fields.raw_headers`, never logged): the one whose
+        digest `fleet_auth` recorded."""
+        want = passed_digest(user_api_key_dict)
+        if want is None or not isinstance(data, dict):
+            return data
+        raw = (data.get("secret_fields") or {}).get("raw_headers") or {}
+        for value in raw.values():
+            key = person_key(value) if isinstance(value, str) else None
+            if key and hmac.compare_digest(key_digest(key), want):
+                data["api_key"] = key
+                return data
+        raise ProxyException(message="Authentication Error: the key is not in the request's "
+                             "headers", type="auth_error", param=None, code=401)
+
+    def attempts(self, request_kwargs, create: bool = False, pop: bool = False):
+        """The record of a request that carries a person's key (None for others): by
+        LiteLLM's call id, bounded (a request's record ends with its answer)."""
+        kw = request_kwargs if isinstance(request_kwargs, dict) else dict(request_kwargs or {})
+        call = kw.get("litellm_call_id")
+        if not call or not person_key(kw.get("api_key")):
+            return None
+        with self._lock:
+            if pop:
+                return self.failed.pop(call, None)
+            found = self.failed.get(call)
+            if found is None and create:
+                found = self.failed[call] = Attempts()
+                while len(self.failed) > self.max_failed:
+                    self.failed.popitem(last=False)
+            return found
+
+    async def async_post_call_failure_deployment_hook(self, request_data, exception, call_type,
+                                                      fallback_depth=None):
+        """A stack failed a request that carries a person's key: LiteLLM calls this once
+        per failed attempt, before it decides on a retry (`exception`: a copy of its
+        own). Its stack is noted (a retry goes elsewhere: `pick`), and a refusal of the
+        key (401, 403, 429) is kept to be the request's answer."""
+        attempts = self.attempts(request_data, create=True)
+        if attempts is None:
+            return
+        for name in ("litellm_metadata", "metadata"):
+            md = request_data.get(name)
+            stack = ((md.get("model_info") or {}).get("fleet_stack")
+                     if isinstance(md, dict) else None)
+            if stack:
+                attempts.stacks.add(stack)
+                break
+        if getattr(exception, "status_code", None) in REFUSED and attempts.refused is None:
+            attempts.refused = exception
+
+    async def async_post_call_response_headers_hook(self, data, user_api_key_dict, response,
+                                                    request_headers=None, litellm_call_info=None):
+        """The answer's headers on the OpenAI routes (LiteLLM calls this once per
+        answer, an error's too): a stack's refusal keeps its Retry-After (LiteLLM
+        passes a stack's headers on as `llm_provider-*` only). The request's record
+        ends here."""
+        attempts = self.attempts(data, pop=True)
+        if response is not None or attempts is None or attempts.refused is None:
+            return None
+        wait = retry_after(attempts.refused)
+        return {"retry-after": wait} if wait else None
+
+    async def async_post_call_failure_hook(self, request_data, original_exception,
+                                           user_api_key_dict, traceback_str=None):
+        """A failed Messages request's record ends here: LiteLLM's Messages route
+        answers an error without the headers hook (and without a stack's headers:
+        no Retry-After there)."""
+        if wanted_api(request_data) == "anthropic":
+            self.attempts(request_data, pop=True)
+        return None
+
 
 # ------------------------------------------------------------------ the router's key
 
@@ -362,6 +484,33 @@ def check_key(api_key: str | None, master: str | None) -> bool:
 
 
 MESSAGES_PATHS = ("/v1/messages", "/v1/messages/count_tokens")   # Anthropic's routes
+
+# A person's key: the stacks' key store's tokens (proxy/keys/store.py: `cs-` and 43
+# URL-safe characters). The router cannot check one (the stacks' database holds only
+# their digests): it passes it on, on the model routes that reach a stack.
+PERSON_KEY = re.compile(r"cs-[A-Za-z0-9_-]{43}")
+PASS_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
+              "/v1/responses", "/responses", "/v1/messages", "/v1/embeddings", "/embeddings")
+PASSED = "fleet-passed:"        # UserAPIKeyAuth.api_key of a passed key: this + its digest
+REFUSED = (401, 403, 429)       # a stack's refusals of a person's key
+
+
+def person_key(api_key) -> str | None:
+    """The presented key when it has the form of a person's key (`Bearer ` or not)."""
+    key = (api_key or "").strip() if isinstance(api_key, str) else ""
+    if key[:7].lower() == "bearer ":
+        key = key[7:].strip()
+    return key if PERSON_KEY.fullmatch(key) else None
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def passed_digest(user_api_key_dict) -> str | None:
+    """The digest `fleet_auth` recorded for a person's key it let through, else None."""
+    passed = getattr(user_api_key_dict, "api_key", None)
+    return passed[len(PASSED):] if isinstance(passed, str) and passed.startswith(PASSED) else None
 
 
 class AnthropicAuthError(ProxyException):
@@ -379,12 +528,18 @@ async def anthropic_auth_error(request, exc: AnthropicAuthError):
 
 
 async def fleet_auth(request, api_key: str):
-    """LiteLLM's `general_settings.custom_auth`: the master key (LITELLM_MASTER_KEY)
-    or a 401. Without a database LiteLLM's own check answers a wrong key 400 "No
-    connected db." (it would look the key up as a virtual key); this router keeps no
-    virtual keys (docs/fleet.md, Keys), so a key that is not the master key is
-    an authentication error: in the error shape LiteLLM gives its other 401s, and on
-    Anthropic Messages in Anthropic's.
+    """LiteLLM's `general_settings.custom_auth`: the master key (LITELLM_MASTER_KEY),
+    a person's key passed on, or a 401. Without a database LiteLLM's own check
+    answers a wrong key 400 "No connected db." (it would look the key up as a virtual
+    key); this router keeps no virtual keys (docs/fleet.md, Keys), so a key that is
+    neither is an authentication error: in the error shape LiteLLM gives its other
+    401s, and on Anthropic Messages in Anthropic's.
+
+    A person's key (`cs-` and 43 characters: a key of the stacks' store, which the
+    router cannot check) passes on a model route that reaches a stack (PASS_PATHS,
+    POST): FleetRouter.async_pre_call_hook sends it to the stack, whose door checks
+    it against the stacks' shared database and whose refusal (401, 403, 429) is the
+    answer. On any other route it is a 401 here: nothing passes unchecked.
 
     LiteLLM calls this in its routes' auth dependency, before a route's own error
     handling; what it raises reaches the app's exception handlers as a ProxyException
@@ -401,14 +556,27 @@ async def fleet_auth(request, api_key: str):
     master = os.environ.get("LITELLM_MASTER_KEY", "")
     if check_key(api_key, master):
         return UserAPIKeyAuth(api_key=master, user_role=LitellmUserRoles.PROXY_ADMIN)
+    path = request.url.path.rstrip("/")
+    key = person_key(api_key)
+    if key and request.method == "POST" and path in PASS_PATHS:
+        # A person's key on a model route: passed on to the stack (FleetRouter's
+        # async_pre_call_hook), which checks it. Recorded by its digest only: LiteLLM
+        # logs and shows this object's api_key.
+        return UserAPIKeyAuth(api_key=PASSED + key_digest(key),
+                              user_role=LitellmUserRoles.INTERNAL_USER)
     error = ProxyException
-    if request.url.path.rstrip("/").endswith(MESSAGES_PATHS):
+    if path.endswith(MESSAGES_PATHS):
         error = AnthropicAuthError
         handlers = request.scope.get("starlette.exception_handlers")
         if handlers:
             handlers[0].setdefault(AnthropicAuthError, anthropic_auth_error)
-    raise error(message="Authentication Error: missing or invalid key (the router's "
-                "master key)", type="auth_error", param=None, code=401)
+    message = "Authentication Error: missing or invalid key (the router's master key)"
+    if key:
+        message = ("Authentication Error: a person's key (cs-...) is passed on to the stacks "
+                   "with model requests only (POST /v1/chat/completions, /v1/completions, "
+                   "/v1/responses, /v1/messages, /v1/embeddings); this route takes the "
+                   "router's master key")
+    raise error(message=message, type="auth_error", param=None, code=401)
 
 
 def parse_stacks(text: str) -> dict[str, str]:

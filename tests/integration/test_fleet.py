@@ -6,13 +6,21 @@ B declares beta and gamma -- and a third, C, whose proxy runs web search against
 SearXNG-shaped server in front of a scripted model that searches. In front of them the
 pinned LiteLLM proxy (TESTBED_LITELLM) started from the config scripts/fleet.py
 writes, with our routing plugin (deploy/fleet/routing.py). Which stack served a
-request: LiteLLM's `x-litellm-model-id` header (`<stack>:<api>:<model>`). Loads and
+request: LiteLLM's `x-litellm-model-id` header (`<stack>:<api>:<model>`; with a
+person's key it is a per-request id, and the stacks' own request counters tell). Loads and
 swaps: each swapper's /metrics. Docker is sampled all along: no stack ever runs two
 backends.
 
+The stacks share one PostgreSQL key store (KEYS_DATABASE_URL, a throwaway cluster
+started beside the swappers): a person's key (`cs-...`) through the router is passed
+on to the stack it picks and checked there (issue 35).
+
 The tests run in order and share the stacks (one start, ~10 s of LiteLLM start-up).
 """
+import concurrent.futures as cf
+import contextlib
 import json
+import secrets
 import threading
 import time
 import uuid
@@ -29,6 +37,7 @@ from tests.support.dialects import ScriptedDialects
 from tests.support.fleet import (FLEET_DIR, KEY, DockerSampler, LiteLLMRouter, chat,
                                  served_by, swapper_counts)
 from tests.support.metrics import scrape
+from tests.support.postgres import Postgres
 from tests.support.process import REPO
 from tests.support.proxyproc import ProxyProcess, searching
 from tests.support.servers import wait_until
@@ -40,9 +49,9 @@ B_DIR = REPO / "tests" / "fixtures" / "fleet" / "b"
 # (FLEET_POLL_INTERVAL 1 s: one /healthz + one /v1/models per stack a second) is 120
 # probes of each per stack; the test sends at least that many, at a short interval.
 HEALTH_PROBES = 120
-# A and B have API keys, as docs/fleet.md's host step sets them; the router gets them as
-# FLEET_KEY_A / FLEET_KEY_B. The tests' own calls to a stack carry its key (`auth`).
-STACK_KEYS = {"A": "stack-a-key-7c1e", "B": "stack-b-key-52d9"}
+# The stacks have API keys, as docs/fleet.md's host step sets them; the router gets them
+# as FLEET_KEY_A, _B, _C. The tests' own calls to a stack carry its key (`auth`).
+STACK_KEYS = {"A": "stack-a-key-7c1e", "B": "stack-b-key-52d9", "C": "stack-c-key-0b3a"}
 _KEY_OF: dict[str, str] = {}                   # a stack's base URL -> its key
 
 
@@ -58,24 +67,36 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet():
     f = Fleet()
-    # B's MAX_QUEUE=1: it is "busy beyond its queue" (503 + Retry-After) at 2 slots + 1
-    with SwapperProcess(backends_dir=A_DIR) as sa, \
-            SwapperProcess(backends_dir=B_DIR, MAX_QUEUE=1) as sb, \
-            ProxyProcess(BACKEND_URL=sa.url, WEB_SEARCH=0, SYSTEM_PROMPT="",
-                         KEEPALIVE_INTERVAL=0.5, API_KEY=STACK_KEYS["A"]) as pa, \
-            ProxyProcess(BACKEND_URL=sb.url, WEB_SEARCH=0, SYSTEM_PROMPT="",
-                         KEEPALIVE_INTERVAL=0.5, API_KEY=STACK_KEYS["B"]) as pb, \
-            ScriptedDialects() as model_c, searching(model_c.url, True) as (c_url, _):
+    with contextlib.ExitStack() as started:
+        # The stacks' shared key store: its cluster starts beside the swappers (CI time)
+        f.pg = Postgres()
+        started.callback(f.pg.close)
+        pg_up = started.enter_context(cf.ThreadPoolExecutor(1)).submit(f.pg.start)
+        keys = {"KEYS_DATABASE_URL": f.pg.url}
+        # B's MAX_QUEUE=1: it is "busy beyond its queue" (503 + Retry-After) at 2 slots + 1
+        sa = started.enter_context(SwapperProcess(backends_dir=A_DIR))
+        sb = started.enter_context(SwapperProcess(backends_dir=B_DIR, MAX_QUEUE=1))
+        pg_up.result()
+        pa = started.enter_context(ProxyProcess(
+            BACKEND_URL=sa.url, WEB_SEARCH=0, SYSTEM_PROMPT="", KEEPALIVE_INTERVAL=0.5,
+            API_KEY=STACK_KEYS["A"], **keys))
+        pb = started.enter_context(ProxyProcess(
+            BACKEND_URL=sb.url, WEB_SEARCH=0, SYSTEM_PROMPT="", KEEPALIVE_INTERVAL=0.5,
+            API_KEY=STACK_KEYS["B"], **keys))
+        model_c = started.enter_context(ScriptedDialects())
+        c_url, _ = started.enter_context(searching(model_c.url, True, API_KEY=STACK_KEYS["C"],
+                                                   **keys))
         model_c.responder = searching_model
         f.sa, f.sb, f.pa, f.pb, f.c_url, f.model_c = sa, sb, pa, pb, c_url, model_c
         f.stacks = {"A": pa.url, "B": pb.url, "C": c_url}
-        _KEY_OF.update({pa.url: STACK_KEYS["A"], pb.url: STACK_KEYS["B"]})
-        with DockerSampler([sa.stack, sb.stack]) as sampler, \
-                LiteLLMRouter(f.stacks, cooldown=5.0, poll=0.5, keys=STACK_KEYS,
-                              patterns={"C": []}) as router:      # A, B: the shipped ones
-            f.sampler, f.router, f.url = sampler, router, router.url
-            yield f
-            # the restarted swapper of test_failover (if any) is stopped by its own test
+        _KEY_OF.update({f.stacks[n]: STACK_KEYS[n] for n in f.stacks})
+        f.sampler = started.enter_context(DockerSampler([sa.stack, sb.stack]))
+        f.router = started.enter_context(LiteLLMRouter(
+            f.stacks, cooldown=5.0, poll=0.5, keys=STACK_KEYS,
+            patterns={"C": []}))                                  # A, B: the shipped ones
+        f.url = f.router.url
+        yield f
+        # the restarted swapper of test_failover (if any) is stopped by its own test
 
 
 def counts(f) -> dict:
@@ -133,10 +154,10 @@ def test_config_is_a_group_per_model_over_the_stacks_that_declare_it(fleet):
     # the stacks (keyless: 401), passed on by the router (every test below)
     keys = {d["model_info"]["fleet_stack"]: d["litellm_params"]["api_key"]
             for d in fleet.router.config["model_list"]}
-    assert keys == {"A": "os.environ/FLEET_KEY_A", "B": "os.environ/FLEET_KEY_B", "C": "none"}
+    assert keys == {n: f"os.environ/FLEET_KEY_{n}" for n in "ABC"}
     assert not any(k in json.dumps(fleet.router.config) for k in STACK_KEYS.values())
-    for p in (fleet.pa, fleet.pb):
-        assert requests.get(p.url + "/v1/models", timeout=10).status_code == 401
+    for url in fleet.stacks.values():
+        assert requests.get(url + "/v1/models", timeout=10).status_code == 401
     r = requests.get(fleet.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"},
                      timeout=10)
     assert {"alpha", "beta", "gamma", "scripted-model"} <= {m["id"] for m in r.json()["data"]}
@@ -207,6 +228,192 @@ def test_no_virtual_keys_and_the_database_error_is_said(fleet):
                       headers={"Authorization": f"Bearer {KEY}"})
     assert r.status_code == 500, r.text
     assert "DB not connected" in r.json()["error"]["message"], r.text
+
+
+# ------------------------------------------------------------------ a person's key (issue 35)
+
+TOKENS: list[str] = []                  # every person's key made here (never in the log)
+ANTHROPIC = {"anthropic-version": "2023-06-01"}
+
+
+def make_key(f, name: str, **fields) -> str:
+    """A person's key in the stacks' one store (made on A: any stack, one database)."""
+    r = requests.post(f.pa.url + "/admin/keys", json={"name": name, **fields}, timeout=10,
+                      headers=auth(f.pa.url))
+    assert r.status_code == 201, r.text
+    TOKENS.append(r.json()["token"])
+    return TOKENS[-1]
+
+
+def bearer(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def messages(f, model: str, token: str, stream: bool = False, **body) -> requests.Response:
+    return requests.post(f.url + "/v1/messages", timeout=120, stream=stream,
+                         headers={"x-api-key": token, **ANTHROPIC},
+                         json={"model": model, "max_tokens": 2, "stream": stream,
+                               "messages": [{"role": "user", "content": "hi"}], **body})
+
+
+def model_posts(f) -> dict:
+    """The model requests (POSTs) each stack's proxy counted, its door's refusals too."""
+    return {n: scrape(url, auth(url)).value("proxy_requests_total", method="POST")
+            for n, url in f.stacks.items()}
+
+
+def added(before: dict, after: dict) -> dict:
+    return {n: after[n] - before[n] for n in before}
+
+
+def usage(url: str, name: str) -> dict:
+    """A key's usage rows as one stack reads them from the shared database: {model:
+    requests}."""
+    r = requests.get(url + f"/admin/usage?key={name}", timeout=10, headers=auth(url))
+    assert r.status_code == 200, r.text
+    return {row["model"]: row["requests"] for row in r.json()["rows"]}
+
+
+def test_a_persons_key_through_the_router_on_both_dialects(fleet):
+    """A key of the stacks' shared store through the router: passed on to the stack the
+    plugin picks (alpha: A, gamma: B), which checks it -- chat, Responses, and
+    Messages plain and streamed, 200 each, each request once on its stack."""
+    token = make_key(fleet, "alice")
+    before = model_posts(fleet)
+    r = chat(fleet.url, "alpha", headers=bearer(token))
+    assert r.status_code == 200 and r.json()["choices"][0]["message"], r.text
+    r = requests.post(fleet.url + "/v1/responses", timeout=120, headers=bearer(token),
+                      json={"model": "alpha", "max_output_tokens": 16, "input": "hi"})
+    assert r.status_code == 200 and r.json()["object"] == "response", r.text
+    r = messages(fleet, "gamma", token)
+    assert r.status_code == 200 and r.json()["type"] == "message", r.text
+    with messages(fleet, "gamma", token, stream=True) as r:
+        assert r.status_code == 200, r.text
+        assert b"event: message_stop" in [ln for ln in r.iter_lines() if ln]
+    assert added(before, model_posts(fleet)) == {"A": 2, "B": 2, "C": 0}
+
+
+def test_usage_rows_land_per_key_in_the_shared_database(fleet):
+    """Each stack writes a key's rows into the one database: a request of bob's on A
+    (alpha), B (gamma) and C (scripted-model) are three rows under bob, read back
+    from any stack; alice's rows stay hers."""
+    token = make_key(fleet, "bob")
+    alice = usage(fleet.pa.url, "alice")
+    for model in ("alpha", "gamma", "scripted-model"):
+        r = chat(fleet.url, model, headers=bearer(token))
+        assert r.status_code == 200, (model, r.text)
+    want = {"alpha": 1, "gamma": 1, "scripted-model": 1}
+    # each row is written just after its answer has gone
+    wait_until(lambda: usage(fleet.c_url, "bob") == want, "bob's three rows", 10, every=0.1)
+    for url in fleet.stacks.values():
+        assert usage(url, "bob") == want
+    assert usage(fleet.pb.url, "alice") == alice == {"alpha": 2, "gamma": 2}
+
+
+def test_a_key_scoped_to_one_model_gets_the_stacks_403(fleet):
+    """A key that may use alpha asks for beta (declared by A and B): the stack the
+    plugin picks answers 403 in the route's dialect -- raw and through both SDKs -- and
+    that is the answer: no second stack is asked (one POST per request in all)."""
+    import openai
+    token = make_key(fleet, "alpha-only", models=["alpha"])
+    before = model_posts(fleet)
+    r = chat(fleet.url, "beta", headers=bearer(token))
+    err = r.json()["error"]
+    assert r.status_code == 403 and err["type"] == "permission_error", r.text
+    assert "may not use model 'beta'" in err["message"], err
+    r = messages(fleet, "beta", token)
+    assert r.status_code == 403 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "permission_error", r.text
+    assert "may not use model 'beta'" in r.json()["error"]["message"], r.text
+    c = openai.OpenAI(base_url=fleet.url + "/v1", api_key=token, max_retries=0, timeout=60)
+    with pytest.raises(openai.PermissionDeniedError):
+        c.chat.completions.create(model="beta", max_tokens=2,
+                                  messages=[{"role": "user", "content": "hi"}])
+    a = anthropic.Anthropic(base_url=fleet.url, api_key=token, max_retries=0, timeout=60)
+    with pytest.raises(anthropic.PermissionDeniedError):
+        a.messages.create(model="beta", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    assert sum(added(before, model_posts(fleet)).values()) == 4
+
+
+def test_a_wrong_persons_key_gets_the_stacks_401_once(fleet):
+    """A key of the right form that no stack knows: the stack's 401 in the route's
+    dialect (raw and through both SDKs, which raise AuthenticationError), one POST per
+    request in all (never retried on the other stack). A person's key on a route the
+    router cannot pass it on (its model list, count_tokens): the router's own 401."""
+    import openai
+    wrong = "cs-" + secrets.token_urlsafe(32)
+    TOKENS.append(wrong)
+    before = model_posts(fleet)
+    r = chat(fleet.url, "beta", headers=bearer(wrong))
+    err = r.json()["error"]
+    assert r.status_code == 401 and err["type"] == "authentication_error", r.text
+    assert "missing or wrong API key" in err["message"], err
+    r = messages(fleet, "beta", wrong)
+    assert r.status_code == 401 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "authentication_error", r.text
+    c = openai.OpenAI(base_url=fleet.url + "/v1", api_key=wrong, max_retries=0, timeout=60)
+    with pytest.raises(openai.AuthenticationError):
+        c.chat.completions.create(model="beta", max_tokens=2,
+                                  messages=[{"role": "user", "content": "hi"}])
+    a = anthropic.Anthropic(base_url=fleet.url, api_key=wrong, max_retries=0, timeout=60)
+    with pytest.raises(anthropic.AuthenticationError):
+        a.messages.create(model="beta", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    assert sum(added(before, model_posts(fleet)).values()) == 4
+    token = make_key(fleet, "carol")
+    before = model_posts(fleet)
+    r = requests.get(fleet.url + "/v1/models", headers=bearer(token), timeout=30)
+    assert r.status_code == 401 and "model requests only" in r.json()["error"]["message"], r.text
+    r = requests.post(fleet.url + "/v1/messages/count_tokens", timeout=30,
+                      headers={"x-api-key": token, **ANTHROPIC},
+                      json={"model": "beta", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", r.text
+    assert model_posts(fleet) == before
+
+
+def test_a_concurrency_limit_of_one_holds_across_the_stacks(fleet):
+    """A key with max_concurrent 1 holds a stream on C (scripted, held after its first
+    chunk): its requests to A (chat) and B (Messages) through the router are the
+    stacks' 429 (the lease is a row of the shared database), each once, never
+    retried elsewhere; once the stream ends, the key is served again."""
+    token = make_key(fleet, "solo", max_concurrent=1)
+    held = threading.Event()
+    fleet.model_c.responder = None
+    fleet.model_c.script(Reply(content="a held answer", hold=held))
+    stream = requests.post(fleet.url + "/v1/chat/completions", stream=True, timeout=60,
+                           headers=bearer(token), json={
+                               "model": "scripted-model", "max_tokens": 16, "stream": True,
+                               "messages": [{"role": "user", "content": "hi"}]})
+    try:
+        assert stream.status_code == 200, stream.text
+        next(stream.iter_lines())                          # C is answering it
+        before = model_posts(fleet)
+        r = chat(fleet.url, "alpha", headers=bearer(token))
+        err = r.json()["error"]
+        assert r.status_code == 429 and r.headers["Retry-After"] == "1", (r.text, r.headers)
+        assert err["type"] == "throttling_error", err
+        assert "already has 1 request(s) in flight" in err["message"], err
+        r = messages(fleet, "gamma", token)
+        assert r.status_code == 429 and r.json()["type"] == "error", r.text
+        assert r.json()["error"]["type"] == "rate_limit_error", r.text
+        assert added(before, model_posts(fleet)) == {"A": 1, "B": 1, "C": 0}
+    finally:
+        held.set()
+        stream.close()
+        fleet.model_c.responder = searching_model
+    wait_until(lambda: chat(fleet.url, "alpha", headers=bearer(token)).status_code == 200,
+               "the key served once its stream ended", 10, every=0.1)
+
+
+def test_no_persons_key_in_the_routers_log_or_config(fleet):
+    """The keys passed on (and the wrong one) never reach the router's output (LiteLLM
+    at its shipped level, ERROR, which logged every refusal above with its
+    traceback) nor its config."""
+    assert len(TOKENS) >= 6
+    log = fleet.router.logs()
+    assert "AuthenticationError" in log                     # the refusals were logged
+    config = (fleet.router.dir / "config.yaml").read_text()
+    for token in TOKENS:
+        assert token not in log and token not in config
 
 
 # ------------------------------------------------------------------ routing
@@ -466,7 +673,8 @@ def _blocks(msg: dict) -> list[dict]:
 def test_anthropic_web_search_blocks_pass_through_unchanged(fleet):
     body = {"model": "scripted-model", "max_tokens": 256, "tools": [WEB],
             "messages": [{"role": "user", "content": "What changed in Flask 3.1?"}]}
-    direct = requests.post(fleet.c_url + "/v1/messages", json=body, timeout=60).json()
+    direct = requests.post(fleet.c_url + "/v1/messages", json=body, timeout=60,
+                           headers=auth(fleet.c_url)).json()
     routed = requests.post(fleet.url + "/v1/messages", json=body, timeout=60, headers={
         "x-api-key": KEY, "anthropic-version": "2023-06-01"})
     assert routed.status_code == 200, routed.text

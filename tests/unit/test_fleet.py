@@ -395,3 +395,101 @@ def test_an_agents_name_never_sets_the_sessions_stack():
     assert [d["model_info"]["id"] for d in r.pick("beta", main, kw)] == ["B:openai:beta"]
     assert r.sessions["h:new"] == {"models": {"beta": "B"}, "last": "B"}
     assert [d["model_info"]["id"] for d in r.pick("claude-haiku-4-5", ds, kw)] == ["B:openai:claude-*"]
+
+
+# ------------------------------------------------------------------ a person's key (issue 35)
+
+PERSON = "cs-" + "k" * 43                                   # the stacks' store's form
+
+
+@pytest.mark.parametrize("given, key", [
+    (PERSON, PERSON), (f"Bearer {PERSON}", PERSON), (f" bearer {PERSON} ", PERSON),
+    (PERSON[:-1], None), (PERSON + "x", None), ("cs-" + "k" * 42 + "!", None),
+    ("sk-master", None), ("", None), (None, None)])
+def test_a_persons_key_by_its_form(given, key):
+    assert routing.person_key(given) == key
+
+
+class Auth:                                       # what fleet_auth hands LiteLLM back
+    def __init__(self, api_key):
+        self.api_key = api_key
+
+
+def run(coro):
+    import asyncio
+    return asyncio.run(coro)
+
+
+def test_the_pre_call_hook_passes_the_key_that_fleet_auth_recorded():
+    """The request's api_key becomes the key whose digest fleet_auth recorded, read
+    from the raw headers LiteLLM keeps aside (the Authorization or x-api-key it came
+    in); a master-key request is left as it is."""
+    r = routing.FleetRouter()
+    other = "cs-" + "o" * 43
+    passed = Auth(routing.PASSED + routing.key_digest(PERSON))
+    for headers in ({"authorization": f"Bearer {PERSON}"},
+                    {"authorization": f"Bearer {other}", "x-api-key": PERSON}):
+        data = {"model": "beta", "secret_fields": {"raw_headers": headers}}
+        assert run(r.async_pre_call_hook(passed, None, data, "acompletion"))["api_key"] == PERSON
+    data = {"model": "beta", "secret_fields": {"raw_headers": {"authorization": "Bearer sk-m"}}}
+    assert "api_key" not in run(r.async_pre_call_hook(Auth("hashed-master"), None, data, "x"))
+    with pytest.raises(Exception):              # the recorded key is not in the headers
+        run(r.async_pre_call_hook(passed, None, {"secret_fields": {"raw_headers": {
+            "authorization": f"Bearer {other}"}}}, "acompletion"))
+
+
+class Refused(Exception):
+    def __init__(self, status, retry_after=None):
+        super().__init__(f"{status}")
+        self.status_code = status
+        self.headers = {"retry-after": retry_after} if retry_after else {}
+
+
+def attempt(stack: str, call: str = "c1", key: str = PERSON) -> dict:
+    """A failed attempt's kwargs as LiteLLM hands them to the deployment hooks."""
+    return {"litellm_call_id": call, "api_key": key, "metadata": {"model_info": {
+        "id": "a-per-request-id", "original_model_id": f"{stack}:openai:beta",
+        "fleet_stack": stack}}}
+
+
+def test_a_stacks_refusal_of_a_persons_key_is_the_answer_on_no_other_stack():
+    """A 401, 403 or 429 from the stack that got a person's key ends the request with
+    that answer at LiteLLM's retry (pick raises it: no other stack is asked); any other
+    failure sends the retry to another stack, though LiteLLM names the attempt by a
+    per-request id. The record ends with the answer (the headers hook), which keeps
+    a 429's Retry-After."""
+    r = routing.FleetRouter()
+    r.poller = FakePoller({"A": st("beta", beta="loaded"), "B": st(None)})
+    ds = deployments(("A", "openai", "beta"), ("B", "openai", "beta"))
+    kw = {"proxy_server_request": {"url": "http://r/v1/chat/completions"},
+          "litellm_call_id": "c1", "api_key": PERSON}
+    assert [d["model_info"]["id"] for d in r.pick("beta", ds, kw)] == ["A:openai:beta"]
+    run(r.async_post_call_failure_deployment_hook(attempt("A"), Refused(503), None))
+    assert [d["model_info"]["id"] for d in r.pick("beta", ds, kw)] == ["B:openai:beta"]
+    refusal = Refused(429, retry_after="1")
+    run(r.async_post_call_failure_deployment_hook(attempt("B"), refusal, None))
+    with pytest.raises(Refused) as e:
+        r.pick("beta", ds, kw)
+    assert e.value is refusal
+    assert run(r.async_post_call_response_headers_hook(kw, None, None)) == {"retry-after": "1"}
+    assert r.failed == {}                                  # ended with its answer
+    assert [d["model_info"]["id"] for d in r.pick("beta", ds, kw)] == ["A:openai:beta"]
+    # the master key's requests keep LiteLLM's own ways (no record)
+    master = {**kw, "api_key": "sk-master", "litellm_call_id": "c2"}
+    run(r.async_post_call_failure_deployment_hook(attempt("A", "c2", "sk-master"),
+                                                  Refused(401), None))
+    assert r.failed == {} and len(r.pick("beta", ds, master)) == 1
+    # a Messages request's record ends with its failure (no headers hook there)
+    msgs = {**kw, "proxy_server_request": {"url": "http://r/v1/messages"}, "litellm_call_id": "c3"}
+    run(r.async_post_call_failure_deployment_hook(attempt("A", "c3"), Refused(403), None))
+    assert list(r.failed) == ["c3"]
+    run(r.async_post_call_failure_hook(msgs, Refused(403), None))
+    assert r.failed == {}
+
+
+def test_the_records_of_failed_attempts_are_bounded():
+    r = routing.FleetRouter()
+    r.max_failed = 3
+    for i in range(5):
+        run(r.async_post_call_failure_deployment_hook(attempt("A", f"c{i}"), Refused(503), None))
+    assert list(r.failed) == ["c2", "c3", "c4"]
