@@ -1,6 +1,10 @@
 // The coding-stack console: live from /events, /v1/models, /running, /healthz,
 // /logs/<model>/stream and /ui/activity on this origin, and, for an admin key with
 // the key store on, /admin/keys and /admin/usage. No library, no build step.
+// A `use` key (the key store's role without the admin routes: /load, /unload,
+// /logs, /upstream, /admin) is told by its 403 admin_only on /admin/keys, asked
+// at start: its console shows no Load / Unload and no log, and asks no admin route
+// again until the key is changed.
 // The API key (when the stack has one) lives in localStorage and goes only in the
 // Authorization header: /events and the log are read with fetch() streams, not
 // EventSource (which cannot send headers). A new key's token is kept only in the
@@ -45,9 +49,9 @@ const S = {
 };
 
 // state: "unknown" (not asked yet), "on" (an admin key, the store on), "off" (no
-// store: 404 keys_off), "forbidden" (a `use` key: 403 admin_only). The last two are
-// asked once per start. error: what the last refresh met (a 503, no answer); the
-// last list is kept and shown under it.
+// store: 404 keys_off), "forbidden" (a `use` key: 403 admin_only, on /admin/keys or
+// any other admin route). The last two are asked once per start. error: what the
+// last refresh met (a 503, no answer); the last list is kept and shown under it.
 function freshKeys() {
   return { state: "unknown", list: null, usage: null, error: "", at: 0, listAt: 0,
            asked: 0, kept: 0 };
@@ -67,6 +71,7 @@ function authHeaders() {
 }
 
 async function api(path, opts = {}) {
+  const keys = S.keys;                // this start's: a later key's state is not ours to set
   const r = await fetch(path, {
     ...opts, cache: "no-store", credentials: "omit",
     headers: { ...authHeaders(), ...(opts.headers || {}) },
@@ -75,7 +80,24 @@ async function api(path, opts = {}) {
     needKey(localStorage.getItem(KEY_STORE) ? "That key was refused." : "");
     throw new AuthError("401");
   }
+  if (r.status === 403) {
+    let code = "";
+    try { code = ((await r.clone().json()).error || {}).code; } catch (e) { code = ""; }
+    if (code === "admin_only") notAdmin(keys);
+  }
   return r;
+}
+
+// A `use` key: no admin route is asked again (the log follow ends, Load / Unload
+// and the keys section go) until the key is changed (start() asks afresh).
+const isUseKey = () => S.keys.state === "forbidden";
+
+function notAdmin(keys) {
+  if (keys.state === "forbidden") return;
+  keys.state = "forbidden";
+  if (keys !== S.keys) return;
+  stopLog();
+  render();
 }
 
 async function apiJson(path, opts) {
@@ -121,16 +143,20 @@ function stopAll() {
 }
 
 // ------------------------------------------------------------------ start
+// The models and, with a key given, its role (GET /admin/keys: 403 admin_only for
+// a `use` key) are asked before anything shows: a `use` key never sees a Load
+// button nor asks for a log. No key given: the door is open (an admin's) or asks
+// for one; the first poll asks /admin/keys, and a closed door counts one failure.
 async function start() {
   stopAll();
   S.keys = freshKeys();
-  try {
-    await refreshModels();
-  } catch (e) {
-    if (e instanceof AuthError) return;
-    setConn("reconnecting", "reconnecting");
-  }
+  const jobs = [refreshModels()];
+  if (localStorage.getItem(KEY_STORE)) jobs.push(refreshKeys());
+  const [models, ...rest] = await Promise.allSettled(jobs);
+  if ([models, ...rest].some((r) => r.status === "rejected" && r.reason instanceof AuthError)) return;
+  if (models.status === "rejected") setConn("reconnecting", "reconnecting");
   S.authed = true;
+  renderRole();
   $("keybox").hidden = true;
   $("main").hidden = false;
   $("forget-key").hidden = !localStorage.getItem(KEY_STORE);
@@ -335,6 +361,7 @@ function sample() {
 
 // ------------------------------------------------------------------ the log
 function followLogOf(running) {
+  if (isUseKey()) return;
   const model = running && running.model && ["loading", "ready"].includes(running.state)
     ? running.model : null;
   if (!model || (S.log && S.log.model === model)) return;
@@ -401,7 +428,7 @@ function logLine(text) { logLines([text]); }
 // A button stays focusable (and focused) through its action: aria-disabled while it
 // runs or while it has nothing to do; a press then does nothing.
 async function act(button, path, what) {
-  if (button.getAttribute("aria-disabled") === "true" || button.dataset.busy) return;
+  if (isUseKey() || button.getAttribute("aria-disabled") === "true" || button.dataset.busy) return;
   button.dataset.busy = "1";
   button.setAttribute("aria-disabled", "true");
   announce(what + "…");
@@ -572,6 +599,17 @@ function renderModels() {
   }
 }
 
+// A `use` key: the actions column and the log give way to a line saying why.
+function renderRole() {
+  const use = isUseKey();
+  if ($("main").dataset.role === (use ? "use" : "admin")) return;
+  $("main").dataset.role = use ? "use" : "admin";
+  $("models-note").hidden = !use;
+  $("log-note").hidden = !use;
+  $("log").hidden = use;
+  if (use) { $("log").textContent = ""; $("log-model").textContent = ""; }
+}
+
 function renderResident() {
   const r = S.running;
   $("r-model").textContent = r && r.model ? r.model : "none";
@@ -695,6 +733,7 @@ function renderChart() {
 
 function render() {
   if (!S.authed) return;
+  renderRole();
   renderModels();
   renderResident();
   renderActivity();
@@ -710,15 +749,15 @@ function render() {
 const utcDay = (offset) => new Date(Date.now() + offset * 86400000).toISOString().slice(0, 10);
 
 // A poll's refresh and an action's may overlap: only the answers of the latest one
-// asked are kept (an older answer, from before a change, never hides it).
+// asked are kept (an older answer, from before a change, never hides it). The usage
+// is asked once the list answered: a `use` key asks one admin route, not two.
 async function refreshKeys() {
   const k = S.keys;
   if (k.state === "off" || k.state === "forbidden") return;
   const ticket = ++k.asked;
   try {
-    const [list, usage] = await Promise.all([
-      apiJson("/admin/keys?revoked=1", bounded()),
-      apiJson("/admin/usage?since=" + utcDay(1 - USAGE_DAYS), bounded())]);
+    const list = await apiJson("/admin/keys?revoked=1", bounded());
+    const usage = await apiJson("/admin/usage?since=" + utcDay(1 - USAGE_DAYS), bounded());
     if (ticket < k.kept) return;
     k.kept = ticket;
     k.state = "on";

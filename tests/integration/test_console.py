@@ -442,25 +442,89 @@ def test_keys_made_used_changed_and_revoked_in_the_page(page, keyed_proxy, tmp_p
     assert requests.post(url + "/unload", headers=admin, timeout=WAIT_MS / 1000).ok
 
 
-def test_a_use_key_sees_no_keys_section(page, keyed_proxy):
-    """A `use` key in the console: the page asked once, got 403 admin_only, and shows
-    no keys section; the key cannot list keys from the page either."""
+ADMIN_ROUTES = ("/load", "/unload", "/logs", "/upstream", "/admin")   # proxy/keys/auth.py
+POLLS = 6                   # /running polls watched after the first 403: ~12 s at 2 s
+
+
+def path_of(url: str) -> str:
+    return "/" + url.split("://", 1)[1].split("/", 1)[1].split("?", 1)[0]
+
+
+def is_admin_route(url: str) -> bool:
+    path = path_of(url)
+    return any(path == p or path.startswith(p + "/") for p in ADMIN_ROUTES)
+
+
+def test_a_use_key_sees_no_keys_section(page, keyed_proxy, tmp_path):
+    """A `use` key in the console, tiny-a resident (an admin's console follows its
+    log): the page asked /admin/keys once, at start, got 403 admin_only (and asked
+    no /admin/usage, which follows the list), and shows no keys section, no Load / Unload and no log, a line saying each needs an admin
+    key; over POLLS polls of /running after that first 403 it asks no admin route
+    (the log follow retried its 403 every <= 10 s, for ever). The key cannot list
+    keys from the page either. Then the console's key changed to API_KEY (an
+    admin): the buttons and the log are back, and Unload and Load work from the page."""
+    url = keyed_proxy.url
     name = "bob-" + secrets.token_hex(3)
     admin = {"Authorization": f"Bearer {KEY}"}
-    r = requests.post(keyed_proxy.url + "/admin/keys", headers=admin, timeout=10,
-                      json={"name": name})
+    r = requests.post(url + "/admin/keys", headers=admin, timeout=10, json={"name": name})
     assert r.status_code == 201, r.text
     token = r.json()["token"]
-    log_in(page, keyed_proxy.url, token)
+    r = requests.post(url + "/load/tiny-a", headers=admin, timeout=WAIT_MS / 1000)
+    assert r.status_code == 200, r.text
+    seen: list[tuple] = []            # requests and answers, in the order the page saw them
+    page.on("request", lambda q: seen.append(("request", q.url)))
+    page.on("response", lambda a: seen.append(("response", a.url, a.status)))
+
+    log_in(page, url, token)
     page.wait_for_function("() => S.keys.state === 'forbidden'", timeout=10_000)
+    first = next(i for i, e in enumerate(seen) if e[0] == "response" and e[2] == 403)
+    assert is_admin_route(seen[first][1]), seen[first]
+    for _ in range(POLLS):            # the window: POLLS more polls, however long they take
+        page.wait_for_event("request", lambda q: path_of(q.url) == "/running", timeout=15_000)
+    asked = [e[1] for e in seen if e[0] == "request" and is_admin_route(e[1])]
+    assert list(map(path_of, asked)) == ["/admin/keys"], asked         # once, at start
+    assert not [e for e in seen[first:] if e[0] == "request" and is_admin_route(e[1])]
+    polls = [e for e in seen[first:] if e[0] == "request" and path_of(e[1]) == "/running"]
+    assert len(polls) >= POLLS
+
+    # What it shows: the models and the resident backend; no keys, no button, no log.
     assert page.locator("#keys-panel").is_hidden()
     assert page.locator("#main").is_visible()
+    wait_status(page, "tiny-a", "loaded", timeout=10_000)
+    assert page.locator("#r-model").inner_text() == "tiny-a"
+    assert page.locator("#models button").count() > 0           # in the page, not shown
+    assert page.locator("#models button:visible").count() == 0
+    assert page.get_by_role("button", name="Load tiny-a").count() == 0
+    assert page.locator("#models th:visible").all_inner_texts()[-1] == "status"
+    assert "need an admin key" in page.locator("#models-note").inner_text()
+    assert page.locator("#log-note").inner_text() == "The backend log needs an admin key."
+    assert page.locator("#log").is_hidden() and page.locator("#log").inner_text() == ""
+    page.screenshot(path=str(tmp_path / "1-use-key.png"), full_page=True)
     got = page.evaluate("""async (t) => { const r = await fetch('/admin/keys',
         {headers: {Authorization: 'Bearer ' + t}}); return [r.status, await r.text()]; }""", token)
     assert got[0] == 403 and json.loads(got[1])["error"]["code"] == "admin_only"
-    assert len([q for q in page.requests_seen if q.url.endswith("/admin/keys?revoked=1")]) == 1
-    assert requests.post(keyed_proxy.url + f"/admin/keys/{name}/revoke", headers=admin,
-                         timeout=10).ok
+
+    # The console's key changed to an admin's: asked afresh, everything is back.
+    page.click("#forget-key")
+    page.wait_for_selector("#keybox:not([hidden])", timeout=10_000)
+    mark = len(seen)
+    page.fill("#key", KEY)
+    page.click("#key-save")
+    row = page.locator('#models tr[data-model="tiny-a"]')
+    row.locator("button.unload").wait_for(state="visible", timeout=10_000)
+    assert page.locator("#models-note").is_hidden() and page.locator("#log-note").is_hidden()
+    page.wait_for_function(
+        "() => /llama|server|slot/.test(document.getElementById('log').textContent)", timeout=15_000)
+    assert [e for e in seen[mark:] if e[0] == "response" and path_of(e[1]).startswith("/logs/")
+            and e[2] == 200]
+    page.wait_for_selector("#keys-panel:not([hidden])", timeout=10_000)
+    row.locator("button.unload").click()
+    wait_status(page, "tiny-a", "unloaded")
+    row.locator("button.load").click()
+    wait_status(page, "tiny-a", "loaded")
+    page.screenshot(path=str(tmp_path / "2-admin-key.png"), full_page=True)
+    assert requests.post(url + f"/admin/keys/{name}/revoke", headers=admin, timeout=10).ok
+    assert requests.post(url + "/unload", headers=admin, timeout=WAIT_MS / 1000).ok
 
 
 def test_the_first_key_through_an_open_door_keeps_its_token_shown(page, proxy):
