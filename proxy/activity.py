@@ -70,10 +70,13 @@ class Activity:
             entry["seq"] = next(self._seq)
             self._ring.append(entry)
 
-    def since(self, seq: int = 0, limit: int = RING_SIZE) -> tuple[list[dict], int]:
+    def since(self, seq: int = 0, limit: int = RING_SIZE,
+              key: str | None = None) -> tuple[list[dict], int]:
         """The records after `seq`, oldest first (at most `limit`, the newest), and
-        the newest record's number (0: none; below `seq`: the proxy restarted)."""
+        the newest record's number (0: none; below `seq`: the proxy restarted).
+        `key`: only that key's records (a `use` key sees its own requests only)."""
         with self._lock:
-            out = [dict(r) for r in self._ring if r["seq"] > seq]
+            out = [dict(r) for r in self._ring
+                   if r["seq"] > seq and (key is None or r.get("key") == key)]
             newest = self._ring[-1]["seq"] if self._ring else 0
         return (out[-limit:] if limit > 0 else []), newest

@@ -17,6 +17,9 @@ from pathlib import Path
 
 from flask import Blueprint, current_app, jsonify, request, send_from_directory
 
+from .activity import RING_SIZE
+from .keys.auth import identity
+
 STATIC = Path(__file__).resolve().parent / "static"
 ASSETS = frozenset({"console.js", "console.css"})
 
@@ -63,5 +66,7 @@ def activity():
     since = request.args.get("since", type=int) or 0
     limit = request.args.get("limit", type=int)
     ring = current_app.extensions["proxy"]["activity"]
-    entries, newest = ring.since(since) if limit is None else ring.since(since, max(limit, 0))
+    key = identity(request.environ)
+    own = None if key is None or key.admin else key.name    # a use key: its own requests
+    entries, newest = ring.since(since, RING_SIZE if limit is None else max(limit, 0), own)
     return _no_store(jsonify({"object": "list", "data": entries, "newest": newest}))

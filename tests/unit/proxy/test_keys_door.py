@@ -299,3 +299,25 @@ def test_an_answer_that_fails_to_close_still_ends_its_request():
     with pytest.raises(OSError):
         it.close()
     assert ended == [1]
+
+
+def test_a_use_key_lists_only_its_own_requests(chat, db):
+    """The console's recent requests: a `use` key sees its own, an admin all."""
+    store = SqliteStore(db)
+    _, ann = store.create("ann")
+    _, ben = store.create("ben")
+    _, ops = store.create("ops", role="admin")
+    c = make(chat, db)
+    for token in (ann, ben, ann):
+        chat.script(Reply(content="hi"))
+        assert post(c, "/v1/chat/completions", CHAT, token).status_code == 200
+
+    def listed(token):
+        r = c.get("/ui/activity", headers=bearer(token))
+        assert r.status_code == 200
+        return [e.get("key") for e in r.json["data"]], r.json["newest"]
+    assert listed(ann) == (["ann", "ann"], 3)
+    assert listed(ben) == (["ben"], 3)
+    assert listed(ops) == (["ann", "ben", "ann"], 3)
+    r = c.get("/ui/activity?limit=1", headers=bearer(ben))
+    assert [e["key"] for e in r.json["data"]] == ["ben"]
