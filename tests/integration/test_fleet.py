@@ -310,29 +310,37 @@ def test_usage_rows_land_per_key_in_the_shared_database(fleet):
     assert usage(fleet.pb.url, "alice") == alice == {"alpha": 2, "gamma": 2}
 
 
+def refused_in_each_dialect(fleet, token, status, kind, words, openai_error, anthropic_error):
+    """Chat and Messages for beta with `token`, raw and through both SDKs: each the
+    stack's `status` in its dialect's shape, one POST per request in all (the
+    refusal is the answer: no second stack is asked)."""
+    import openai
+    before = model_posts(fleet)
+    r = chat(fleet.url, "beta", headers=bearer(token))
+    err = r.json()["error"]
+    assert r.status_code == status and err["type"] == kind, r.text
+    assert words in err["message"], err
+    r = messages(fleet, "beta", token)
+    assert r.status_code == status and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == kind, r.text
+    assert words in r.json()["error"]["message"], r.text
+    c = openai.OpenAI(base_url=fleet.url + "/v1", api_key=token, max_retries=0, timeout=60)
+    with pytest.raises(getattr(openai, openai_error)):
+        c.chat.completions.create(model="beta", max_tokens=2,
+                                  messages=[{"role": "user", "content": "hi"}])
+    a = anthropic.Anthropic(base_url=fleet.url, api_key=token, max_retries=0, timeout=60)
+    with pytest.raises(getattr(anthropic, anthropic_error)):
+        a.messages.create(model="beta", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    assert sum(added(before, model_posts(fleet)).values()) == 4
+
+
 def test_a_key_scoped_to_one_model_gets_the_stacks_403(fleet):
     """A key that may use alpha asks for beta (declared by A and B): the stack the
     plugin picks answers 403 in the route's dialect -- raw and through both SDKs -- and
     that is the answer: no second stack is asked (one POST per request in all)."""
-    import openai
     token = make_key(fleet, "alpha-only", models=["alpha"])
-    before = model_posts(fleet)
-    r = chat(fleet.url, "beta", headers=bearer(token))
-    err = r.json()["error"]
-    assert r.status_code == 403 and err["type"] == "permission_error", r.text
-    assert "may not use model 'beta'" in err["message"], err
-    r = messages(fleet, "beta", token)
-    assert r.status_code == 403 and r.json()["type"] == "error", r.text
-    assert r.json()["error"]["type"] == "permission_error", r.text
-    assert "may not use model 'beta'" in r.json()["error"]["message"], r.text
-    c = openai.OpenAI(base_url=fleet.url + "/v1", api_key=token, max_retries=0, timeout=60)
-    with pytest.raises(openai.PermissionDeniedError):
-        c.chat.completions.create(model="beta", max_tokens=2,
-                                  messages=[{"role": "user", "content": "hi"}])
-    a = anthropic.Anthropic(base_url=fleet.url, api_key=token, max_retries=0, timeout=60)
-    with pytest.raises(anthropic.PermissionDeniedError):
-        a.messages.create(model="beta", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
-    assert sum(added(before, model_posts(fleet)).values()) == 4
+    refused_in_each_dialect(fleet, token, 403, "permission_error", "may not use model 'beta'",
+                            "PermissionDeniedError", "PermissionDeniedError")
 
 
 def test_a_wrong_persons_key_gets_the_stacks_401_once(fleet):
@@ -340,25 +348,10 @@ def test_a_wrong_persons_key_gets_the_stacks_401_once(fleet):
     dialect (raw and through both SDKs, which raise AuthenticationError), one POST per
     request in all (never retried on the other stack). A person's key on a route the
     router cannot pass it on (its model list, count_tokens): the router's own 401."""
-    import openai
     wrong = "cs-" + secrets.token_urlsafe(32)
     TOKENS.append(wrong)
-    before = model_posts(fleet)
-    r = chat(fleet.url, "beta", headers=bearer(wrong))
-    err = r.json()["error"]
-    assert r.status_code == 401 and err["type"] == "authentication_error", r.text
-    assert "missing or wrong API key" in err["message"], err
-    r = messages(fleet, "beta", wrong)
-    assert r.status_code == 401 and r.json()["type"] == "error", r.text
-    assert r.json()["error"]["type"] == "authentication_error", r.text
-    c = openai.OpenAI(base_url=fleet.url + "/v1", api_key=wrong, max_retries=0, timeout=60)
-    with pytest.raises(openai.AuthenticationError):
-        c.chat.completions.create(model="beta", max_tokens=2,
-                                  messages=[{"role": "user", "content": "hi"}])
-    a = anthropic.Anthropic(base_url=fleet.url, api_key=wrong, max_retries=0, timeout=60)
-    with pytest.raises(anthropic.AuthenticationError):
-        a.messages.create(model="beta", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
-    assert sum(added(before, model_posts(fleet)).values()) == 4
+    refused_in_each_dialect(fleet, wrong, 401, "authentication_error", "missing or wrong API key",
+                            "AuthenticationError", "AuthenticationError")
     token = make_key(fleet, "carol")
     before = model_posts(fleet)
     r = requests.get(fleet.url + "/v1/models", headers=bearer(token), timeout=30)
