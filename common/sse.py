@@ -55,6 +55,19 @@ class Event:
         return self.data is None
 
     @property
+    def blank(self) -> bool:
+        """Blank lines only (what a read held between events): neither data nor a
+        comment."""
+        return not self.raw.strip(b"\n")
+
+    @property
+    def words(self) -> str:
+        """The words of its comment lines (`: loading model m (3 s)`), joined by
+        spaces; "" when it has none."""
+        return " ".join(line[1:].decode("utf-8", "replace").strip()
+                        for line in self.raw.split(b"\n") if line.startswith(b":")).strip()
+
+    @property
     def json(self):
         """The event's data as JSON (a dict for the events stages read), parsed once;
         None for a comment, `[DONE]` or data that is not JSON."""
@@ -70,6 +83,16 @@ class Event:
 
     def __repr__(self) -> str:
         return f"Event({self.raw!r})"
+
+
+def keepalive() -> Event:
+    """The keep-alive comment as an event (a new one each time)."""
+    return Event(KEEPALIVE, None)
+
+
+def done() -> Event:
+    """The `[DONE]` event that ends an OpenAI stream."""
+    return Event(DONE, "[DONE]")
 
 
 def emit(obj) -> bytes:

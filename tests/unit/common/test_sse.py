@@ -1,0 +1,26 @@
+"""common/sse.py's events as the proxy's stages see them: what a comment says, a
+blank event, the events the stages make (keep-alive, [DONE]) written as the
+wire has them."""
+from common import sse
+
+
+def test_a_comment_events_words_and_a_blank_event():
+    ev = sse.parse_event(b": loading model m (3 s)\n: ~10 s left\n\n")
+    blank, data = sse.Event(b"\n\n", None), sse.parse_event(b"data: {}\n\n")
+    assert ev.words == "loading model m (3 s) ~10 s left" and not ev.blank
+    assert blank.words == "" and blank.blank and blank.is_comment
+    assert data.words == "" and not data.blank and not data.is_comment
+    assert sse.parse_event(b":\n\n").words == "" and not sse.parse_event(b":\n\n").blank
+    # glued to the blank lines a read brought before it, a comment keeps its words
+    (glued,) = sse.batch(b"\n\n: keep-alive\n\n")
+    assert glued.words == "keep-alive" and glued.raw == b"\n\n: keep-alive\n\n"
+
+
+def test_the_events_a_stage_makes_are_written_as_the_wire_has_them():
+    ka, done = sse.keepalive(), sse.done()
+    assert ka.is_comment and ka.words == "keep-alive" and not ka.blank
+    assert done.is_done and done.json is None
+    assert sse.keepalive() is not ka                 # each its own
+    assert b"".join(sse.write([[ka], [done]])) == sse.KEEPALIVE + sse.DONE
+    assert [(e.raw, e.data) for e in sse.events(sse.KEEPALIVE + sse.DONE)] == \
+        [(ka.raw, ka.data), (done.raw, done.data)]
