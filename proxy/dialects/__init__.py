@@ -107,8 +107,8 @@ def handle(d: Dialect, parts: dict, request, record) -> Response:
     interval = settings.KEEPALIVE_INTERVAL
 
     def relayed(r):     # the backend's stream, kept alive while it prefills
-        return d.straight_stream(kept_alive(streamed(r, environ, record), interval,
-                                            sse.KEEPALIVE, r.close), body, names)
+        return d.straight_stream(kept_alive(streamed(r, environ, record), interval, r.close),
+                                 body, names)
     task = Background(call)
     if not task.wait(interval):
         # No head from the backend yet (llama-server sends it with the first

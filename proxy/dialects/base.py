@@ -147,8 +147,7 @@ class Adapter:
         """A streamed answer's body, its first event awaited watching the client,
         with keep-alive comments while the backend prefills."""
         return kept_alive(watched(resp, self.environ, self.record),
-                          self.settings.KEEPALIVE_INTERVAL,
-                          sse.KEEPALIVE, resp.close)
+                          self.settings.KEEPALIVE_INTERVAL, resp.close)
 
     def fail_answer(self, raw: bytes, status: int) -> bytes:
         """A round's call answered an error: it ends the stream (one an agent can
