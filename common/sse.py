@@ -60,6 +60,20 @@ class Event:
         comment."""
         return not self.raw.strip(b"\n")
 
+    def bare(self) -> "Event":
+        """The event without the blank lines the reader glued to it (batch: they
+        go with a neighbour, which one depends on how the reads were cut): what a
+        stage that drops blank lines passes on, the same however the stream was
+        cut. Itself when it has none."""
+        raw = self.raw
+        if raw[:1] != b"\n" and raw[-3:-2] != b"\n":
+            return self
+        body = raw.lstrip(b"\n")
+        # blank lines come in pairs; an odd newline before it is its own (Parser)
+        head = b"\n" if (len(raw) - len(body)) % 2 else b""
+        return Event(head + body.rstrip(b"\n") + b"\n\n", self.data, self.name, self._obj,
+                     self.progress)
+
     @property
     def words(self) -> str:
         """The words of its comment lines (`: loading model m (3 s)`), joined by
@@ -248,28 +262,6 @@ def batches(chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield rest
 
 
-def json_batches(chunks: Iterable) -> Iterator[list[tuple[str | None, object]]]:
-    """A stream's JSON-object events (bytes, or an earlier stage's events: events_of)
-    as (`event:` name or None, object), one list per read, up to `[DONE]`; a comment
-    comes as (":", its raw bytes). Data that is not a JSON object is skipped."""
-    for evs in events_of(chunks):
-        out: list[tuple[str | None, object]] = []
-        for ev in evs:
-            if ev.data is None:
-                if ev.raw.strip(b"\n"):
-                    out.append((":", ev.raw))
-                continue
-            if ev.is_done:
-                if out:
-                    yield out
-                return
-            obj = ev.json
-            if isinstance(obj, dict):
-                out.append((ev.name, obj))
-        if out:
-            yield out
-
-
 # ------------------------------------------------------------ the reader and the writer
 
 def read(chunks: Iterable[bytes]) -> Iterator[list[Event]]:
@@ -354,6 +346,11 @@ class Body:
         if self._it is None:
             self._it = self._write()
         return self._it
+
+    def __next__(self) -> bytes:
+        """The next write (a Body is the iterator of its writes, as a generator of
+        bytes is)."""
+        return next(iter(self))
 
     def _write(self) -> Iterator[bytes]:
         sent = self.sent

@@ -27,7 +27,7 @@ import pkgutil
 
 from flask import Response
 
-from common import guard, sse
+from common import guard
 from common.dialects import WIRES, wire_of
 from common.failures import message_of
 from common.streaming import forward_headers, relay, sse_response
@@ -180,9 +180,9 @@ def _names_search(tc) -> bool:
     return (fn.get("name") if isinstance(fn, dict) else tc.get("name")) == TOOL_NAME
 
 
-def stream_failure(d: Dialect, raw: bytes, status: int) -> bytes:
+def stream_failure(d: Dialect, raw: bytes, status: int) -> list:
     """A backend's error answer to a stream that has begun, as the dialect's error
-    event (one an agent can act on as backend_error makes it)."""
+    events (one an agent can act on as backend_error makes it)."""
     status, raw = backend_error(status, raw)
     return d.stream_error(message_of(raw, status), status, error_code(raw))
 

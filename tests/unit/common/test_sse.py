@@ -24,3 +24,18 @@ def test_the_events_a_stage_makes_are_written_as_the_wire_has_them():
     assert b"".join(sse.write([[ka], [done]])) == sse.KEEPALIVE + sse.DONE
     assert [(e.raw, e.data) for e in sse.events(sse.KEEPALIVE + sse.DONE)] == \
         [(ka.raw, ka.data), (done.raw, done.data)]
+
+
+def test_bare_is_the_event_without_the_blank_lines_glued_to_it_however_cut():
+    """The reader glues blank lines to a neighbour, the one before or after as the
+    reads were cut; a stage that drops blank lines passes the same bytes either way
+    (an odd newline that opens an event stays: it is the event's own)."""
+    stream = b"data: a\n\n\n\ndata: b\n\n\ndata: c\n\n\n\n\n\n: d\n\n"
+    want = [b"data: a\n\n", b"data: b\n\n", b"\ndata: c\n\n", b": d\n\n"]
+    for cut in range(len(stream) + 1):
+        evs = [ev for read in sse.read([stream[:cut], stream[cut:]]) for ev in read]
+        assert b"".join(ev.raw for ev in evs) == stream, cut      # the writer's bytes
+        assert [ev.bare().raw for ev in evs if not ev.blank] == want, cut
+        assert all(ev.bare().data == ev.data for ev in evs)
+    plain = sse.parse_event(b"data: x\n\n")
+    assert plain.bare() is plain

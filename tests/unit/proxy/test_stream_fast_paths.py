@@ -343,12 +343,25 @@ def test_the_first_chunk_goes_out_unparsed(pool, monkeypatch):
     assert b"".join(out).endswith(sse.DONE)    # the head, when needed: the slow path's bytes
 
 
+def plain(whole: bytes) -> bool:
+    """Whether every event of `whole` is plain (chat._plain judges one event, as the
+    reader made it)."""
+    evs = [ev for read in sse.read([whole]) for ev in read]
+    return bool(evs) and all(chat._plain(ev) for ev in evs)
+
+
 def test_plain_is_strict():
-    assert chat._plain(b"".join(text("a", "b")))
+    assert plain(b"".join(text("a", "b")))
     for e in (ROLE + FINISH, FINISH, USAGE, LOADING, sse.DONE, call(0, "x"), SPACED[1],
-              chunk({"reasoning": "r"}), text("a")[0].replace(b"\n\n", b"\n: c\n\n"),
-              sse.emit({"choices": []}), text("a")[0] + b"\n", b"\n" + text("a")[0]):
-        assert not chat._plain(e), e
+              chunk({"reasoning": "r"}), sse.emit({"choices": []}),
+              sse.emit({"error": {"message": "x"}, "choices": [{"delta": {}}]})):
+        assert not plain(e), e
+    # Framing is the reader's (common/sse.py): a comment line in the event, a blank
+    # line before or after it leave the same plain chunk, which the slow path would
+    # pass unchanged too (the loop's tests above: "blank lines", "crlf").
+    for e in (text("a")[0].replace(b"\n\n", b"\n: c\n\n"), text("a")[0] + b"\n\n",
+              b"\n\n" + text("a")[0], text("a")[0].replace(b"\n", b"\r\n")):
+        assert plain(e), e
 
 
 # ------------------------------------------------ native Messages: message_start first
