@@ -213,6 +213,9 @@ def events(whole: bytes) -> list[Event]:
 
 def parse_event(raw: bytes) -> Event | None:
     """One event's bytes (up to its blank line) as an Event; None for a blank one."""
+    if raw[:6] == b"data: " and raw.find(b"\n") == len(raw) - 2:
+        # one `data: ` line, most events of a model's stream: no lines to split
+        return Event(raw=raw, data=raw[6:-2].decode("utf-8", "replace"))
     if not raw.strip(b"\n"):
         return None
     data_lines = []

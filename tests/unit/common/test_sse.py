@@ -39,3 +39,14 @@ def test_bare_is_the_event_without_the_blank_lines_glued_to_it_however_cut():
         assert all(ev.bare().data == ev.data for ev in evs)
     plain = sse.parse_event(b"data: x\n\n")
     assert plain.bare() is plain
+
+
+def test_a_one_line_data_event_parses_as_the_general_case_does():
+    """parse_event's shortcut for a single `data: ` line (most of a model's stream)
+    gives what the line-by-line parse gives."""
+    for raw in (b"data: {}\n\n", b'data: {"a":"\xc3\xa9"}\n\n', b"data:  two spaces\n\n",
+                b"data: [DONE]\n\n", b"data: \n\n", b"data: bad \xff\n\n"):
+        ev, ref = sse.parse_event(raw), sse.parse_event(b"id: 1\n" + raw)
+        assert (ev.data, ev.name, ev.raw) == (ref.data, ref.name, raw), raw
+    ev = sse.parse_event(b"data: a\ndata: b\n\n")            # two lines: not the shortcut
+    assert ev.data == "a\nb"
