@@ -20,6 +20,7 @@ from proxy import dialects
 from proxy.metrics import Metrics
 from proxy.record import Record
 from proxy.settings import Settings
+from tests.support.answers import StreamAnswer
 
 HEAD = {"id": "chatcmpl-x1", "object": "chat.completion.chunk", "created": 1765000000,
         "model": "smollm2", "system_fingerprint": "b1-abc"}
@@ -39,29 +40,12 @@ def stream(n: int) -> list[bytes]:
         [chunk({}, "stop"), b"data: [DONE]\n\n"]
 
 
-class Resp:
-    status_code = 200
-    headers = {"content-type": "text/event-stream"}
-    body_arrived = True
-
-    def __init__(self, pieces):
-        self.pieces = pieces
-
-    def iter_content(self, chunk_size=None):
-        yield from self.pieces
-
-    def close(self):
-        pass
-
-    end = close
-
-
 class Upstream:
     def __init__(self, pieces):
         self.pieces = pieces
 
     def request(self, method, path, **_):
-        return Resp(self.pieces)
+        return StreamAnswer(self.pieces)
 
 
 class Catalog:

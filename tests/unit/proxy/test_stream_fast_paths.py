@@ -17,6 +17,7 @@ from proxy.dialects import chat
 from proxy.search import rounds
 from proxy.search.searxng import SearchOutcome
 from proxy.settings import Settings
+from tests.support.answers import StreamAnswer
 
 
 def chunk(delta=None, finish=None, **extra):
@@ -201,22 +202,6 @@ def test_normalize_sse_passes_batches_through_untouched():
 
 # ---------------------------------------------------------------- the chat search loop
 
-class Resp:
-    status_code = 200
-    headers = {"content-type": "text/event-stream"}
-
-    def __init__(self, pieces):
-        self.pieces = pieces
-
-    def iter_content(self, chunk_size=None):
-        yield from self.pieces
-
-    def close(self):
-        pass
-
-    end = close                     # common.http1.Answer.end: done at the stream's end
-
-
 class Upstream:
     """Answers each round with the next script, cut into reads by `cutter`."""
 
@@ -227,7 +212,7 @@ class Upstream:
 
     def request(self, method, path, headers=None, data=None, stream=False, **_):
         self.bodies.append(json.loads(data))
-        return Resp(self.cutter(b"".join(self.rounds.pop(0))))
+        return StreamAnswer(self.cutter(b"".join(self.rounds.pop(0))))
 
 
 class Searx:
