@@ -99,9 +99,10 @@ class Event:
         return f"Event({self.raw!r})"
 
 
-def keepalive() -> Event:
-    """The keep-alive comment as an event (a new one each time)."""
-    return Event(KEEPALIVE, None)
+def keepalive() -> list[Event]:
+    """The keep-alive comment, as the stages pass events: a list (one write) of
+    its one event (a new one each time)."""
+    return [Event(KEEPALIVE, None)]
 
 
 def done() -> Event:

@@ -168,14 +168,15 @@ class Background:
 
 
 def waited(task: "Background | Callable", interval: float,
-           keepalive: "bytes | Callable[[], bytes]"):
-    """A generator that yields `keepalive` (or what it makes, made only when sent)
-    every `interval` s while the task (or fn(), started now) runs and returns its
-    result (`r = yield from waited(...)`), or raises what it raised."""
+           keepalive: Callable[[], list]):
+    """A generator that yields what `keepalive()` makes (the stream's keep-alive
+    events, made only when sent) every `interval` s while the task (or fn(),
+    started now) runs and returns its result (`r = yield from waited(...)`), or
+    raises what it raised."""
     if not isinstance(task, Background):
         task = Background(task)
     while not task.wait(interval):
-        yield keepalive() if callable(keepalive) else keepalive
+        yield keepalive()
     return task.result()
 
 
@@ -196,7 +197,7 @@ def _kept_alive(batches, interval: float,
     it = iter(batches)
     try:
         while True:
-            evs = yield from waited(lambda: next(it, None), interval, _keepalive)
+            evs = yield from waited(lambda: next(it, None), interval, sse.keepalive)
             if evs is None:
                 return
             yield evs
@@ -207,10 +208,6 @@ def _kept_alive(batches, interval: float,
             abort()
         raise
     yield from it
-
-
-def _keepalive() -> list[sse.Event]:
-    return [sse.keepalive()]
 
 
 _WHAT = {"unreachable": "unreachable", "closed_early": "closed the connection",

@@ -163,7 +163,7 @@ class Adapter:
     def keepalive(self) -> list[sse.Event]:
         """What keeps the client's wait alive: a comment (a dialect whose clients'
         timers count only data has its own)."""
-        return [sse.keepalive()]
+        return sse.keepalive()
 
     def fail_answer(self, raw: bytes, status: int) -> list[sse.Event]:
         """A round's call answered an error: it ends the stream (one an agent can

@@ -85,14 +85,10 @@ def late(task, interval: float, fail, failed, then) -> sse.Body:
     return sse.Body(_waiting(task, interval, fail, failed, then))
 
 
-def _keepalive() -> list[sse.Event]:
-    return [sse.keepalive()]
-
-
 def _waiting(task, interval: float, fail, failed, then) -> Iterator[list[sse.Event]]:
-    yield _keepalive()
+    yield sse.keepalive()
     try:
-        r = yield from waited(task, interval, _keepalive)
+        r = yield from waited(task, interval, sse.keepalive)
     except ApiError as e:
         if e.status != 499:                 # a client gone hears nothing
             yield fail(e.message, e.status, e.code)

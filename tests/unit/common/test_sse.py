@@ -17,10 +17,10 @@ def test_a_comment_events_words_and_a_blank_event():
 
 
 def test_the_events_a_stage_makes_are_written_as_the_wire_has_them():
-    ka, done = sse.keepalive(), sse.done()
+    (ka,), done = sse.keepalive(), sse.done()
     assert ka.is_comment and ka.words == "keep-alive" and not ka.blank
     assert done.is_done and done.json is None
-    assert sse.keepalive() is not ka                 # each its own
+    assert sse.keepalive()[0] is not ka              # each its own
     assert b"".join(sse.write([[ka], [done]])) == sse.KEEPALIVE + sse.DONE
     assert [(e.raw, e.data) for e in sse.events(sse.KEEPALIVE + sse.DONE)] == \
         [(ka.raw, ka.data), (done.raw, done.data)]
