@@ -55,6 +55,33 @@ class Event:
         return self.data is None
 
     @property
+    def blank(self) -> bool:
+        """Blank lines only (what a read held between events): neither data nor a
+        comment."""
+        return not self.raw.strip(b"\n")
+
+    def bare(self) -> "Event":
+        """The event without the blank lines the reader glued to it (batch: they
+        go with a neighbour, which one depends on how the reads were cut): what a
+        stage that drops blank lines passes on, the same however the stream was
+        cut. Itself when it has none."""
+        raw = self.raw
+        if raw[:1] != b"\n" and raw[-3:-2] != b"\n":
+            return self
+        body = raw.lstrip(b"\n")
+        # blank lines come in pairs; an odd newline before it is its own (Parser)
+        head = b"\n" if (len(raw) - len(body)) % 2 else b""
+        return Event(head + body.rstrip(b"\n") + b"\n\n", self.data, self.name, self._obj,
+                     self.progress)
+
+    @property
+    def words(self) -> str:
+        """The words of its comment lines (`: loading model m (3 s)`), joined by
+        spaces; "" when it has none."""
+        return " ".join(line[1:].decode("utf-8", "replace").strip()
+                        for line in self.raw.split(b"\n") if line.startswith(b":")).strip()
+
+    @property
     def json(self):
         """The event's data as JSON (a dict for the events stages read), parsed once;
         None for a comment, `[DONE]` or data that is not JSON."""
@@ -70,6 +97,17 @@ class Event:
 
     def __repr__(self) -> str:
         return f"Event({self.raw!r})"
+
+
+def keepalive() -> list[Event]:
+    """The keep-alive comment, as the stages pass events: a list (one write) of
+    its one event (a new one each time)."""
+    return [Event(KEEPALIVE, None)]
+
+
+def done() -> Event:
+    """The `[DONE]` event that ends an OpenAI stream."""
+    return Event(DONE, "[DONE]")
 
 
 def emit(obj) -> bytes:
@@ -176,6 +214,9 @@ def events(whole: bytes) -> list[Event]:
 
 def parse_event(raw: bytes) -> Event | None:
     """One event's bytes (up to its blank line) as an Event; None for a blank one."""
+    if raw[:6] == b"data: " and raw.find(b"\n") == len(raw) - 2:
+        # one `data: ` line, most events of a model's stream: no lines to split
+        return Event(raw=raw, data=raw[6:-2].decode("utf-8", "replace"))
     if not raw.strip(b"\n"):
         return None
     data_lines = []
@@ -223,28 +264,6 @@ def batches(chunks: Iterable[bytes]) -> Iterator[bytes]:
     rest = parser.rest()
     if rest:
         yield rest
-
-
-def json_batches(chunks: Iterable) -> Iterator[list[tuple[str | None, object]]]:
-    """A stream's JSON-object events (bytes, or an earlier stage's events: events_of)
-    as (`event:` name or None, object), one list per read, up to `[DONE]`; a comment
-    comes as (":", its raw bytes). Data that is not a JSON object is skipped."""
-    for evs in events_of(chunks):
-        out: list[tuple[str | None, object]] = []
-        for ev in evs:
-            if ev.data is None:
-                if ev.raw.strip(b"\n"):
-                    out.append((":", ev.raw))
-                continue
-            if ev.is_done:
-                if out:
-                    yield out
-                return
-            obj = ev.json
-            if isinstance(obj, dict):
-                out.append((ev.name, obj))
-        if out:
-            yield out
 
 
 # ------------------------------------------------------------ the reader and the writer
@@ -331,6 +350,11 @@ class Body:
         if self._it is None:
             self._it = self._write()
         return self._it
+
+    def __next__(self) -> bytes:
+        """The next write (a Body is the iterator of its writes, as a generator of
+        bytes is)."""
+        return next(iter(self))
 
     def _write(self) -> Iterator[bytes]:
         sent = self.sent

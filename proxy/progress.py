@@ -28,10 +28,9 @@ MARKER = "coding-stack-wait"
 _SILENT = ("keep-alive", "queue-wait", "load-seconds")
 
 
-def _text(raw: bytes) -> str:
-    """A comment event's words ("" for a keep-alive)."""
-    words = " ".join(line[1:].decode("utf-8", "replace").strip()
-                     for line in raw.split(b"\n") if line.startswith(b":")).strip()
+def _text(ev: sse.Event) -> str:
+    """A comment event's words for the user ("" for a keep-alive)."""
+    words = ev.words
     return "" if not words or words.startswith(_SILENT) else words
 
 
@@ -94,9 +93,9 @@ def _kept(progress: type[Progress], body: dict, batches) -> Iterator[list[sse.Ev
             for i, ev in enumerate(evs):
                 if ev.data is None:     # the comment stays (curl's reader, the activity list)
                     out.append(ev)
-                    if ev.raw.strip(b"\n"):
+                    if not ev.blank:
                         waiting = waiting or progress(body)
-                        out += waiting.tick(_text(ev.raw))
+                        out += waiting.tick(_text(ev))
                     continue
                 rest = evs[i:]
                 if waiting is None:     # no wait: the stream as it came

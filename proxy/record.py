@@ -215,22 +215,38 @@ class Record:
         return self.model if self.model is not NOT_READ else None
 
 
-def noting_waits(pieces: Iterable[bytes], record: Record | None) -> Iterator[bytes]:
-    """A streamed answer from the swapper as it comes; a queue-wait comment (and its
-    load-seconds line) before its first event's data is noted in the request's
-    record (then the rest passes untouched)."""
-    it = iter(pieces)
-    if record is None:
-        yield from it
-        return
-    for piece in it:
-        yield piece
-        if piece:
-            record.note_wait(queuewait.from_piece(piece))
-            record.note_load(queuewait.load_from_piece(piece))
-            if b"data:" in piece:
-                break
-    yield from it
+def noting_waits(pieces: Iterable, record: Record | None) -> sse.Body:
+    """A streamed answer from the swapper (bytes, or an earlier stage's events) as
+    it comes; a queue-wait comment (and its load-seconds line) before its first
+    event's data is noted in the request's record (then the rest passes
+    untouched)."""
+    return sse.Body(_noting(sse.events_of(pieces), record))
+
+
+def _noting(batches, record: Record | None) -> Iterator[list[sse.Event]]:
+    try:
+        if record is not None:
+            for evs in batches:
+                yield evs
+                if _noted(evs, record):
+                    break
+        yield from batches
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def _noted(evs: list[sse.Event], record: Record) -> bool:
+    """The waits the comments before the first event with data tell, noted; True
+    once that event has come."""
+    for ev in evs:
+        if ev.data is not None:
+            return True
+        if not ev.blank:
+            record.note_wait(queuewait.from_piece(ev.raw))
+            record.note_load(queuewait.load_from_piece(ev.raw))
+    return False
 
 
 def requested_model(body: bytes) -> str | None:

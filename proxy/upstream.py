@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 
 import requests
 
+from common import sse
 from common.disconnect import ClientGone, call_watching_client, sent_once_more
 from common.errors import ApiError
 from common.failures import classify, failure, reason
@@ -91,8 +92,9 @@ class Upstream:
 
 
 def watched(resp: requests.Response, environ: dict | None,
-            record: Record | None = None) -> Iterator[bytes]:
-    """The body of a streamed answer; the reads that wait for its first byte
+            record: Record | None = None) -> sse.Body:
+    """The body of a streamed answer, read into events (common.sse's reader: the
+    one place its bytes are framed); the reads that wait for its first byte
     watch the client (call_watching_client). A backend that sent its head is
     still prefilling then, and a gone client writes nothing that could fail:
     only the watch cuts the upstream. After the first byte every piece is
@@ -115,14 +117,19 @@ def _watched(resp: requests.Response, environ: dict | None) -> Iterator[bytes]:
 
 
 def streamed(resp: requests.Response, environ: dict | None,
-             record: Record | None = None) -> Iterator[bytes]:
-    """A streamed answer's body to relay (common.streaming.relay(resp, body=...)):
-    its head at once (headers_now), its first byte awaited watching the client,
-    the upstream closed at the end, whatever ends it."""
+             record: Record | None = None) -> sse.Body:
+    """A streamed answer's events to relay (common.streaming.relay(resp, body=...)):
+    its head at once (an empty list of events when headers_now), its first byte
+    awaited watching the client, the upstream closed at the end, whatever ends it."""
+    return sse.Body(_streamed(resp, environ, record))
+
+
+def _streamed(resp: requests.Response, environ: dict | None,
+              record: Record | None) -> Iterator[list[sse.Event]]:
     try:
         if headers_now(resp):
-            yield b""
-        yield from watched(resp, environ, record)
+            yield []
+        yield from sse.events_of(watched(resp, environ, record))
     except ClientGone:
         pass
     finally:
@@ -161,34 +168,40 @@ class Background:
 
 
 def waited(task: "Background | Callable", interval: float,
-           keepalive: "bytes | Callable[[], bytes]"):
-    """A generator that yields `keepalive` (or what it makes, made only when sent)
-    every `interval` s while the task (or fn(), started now) runs and returns its
-    result (`r = yield from waited(...)`), or raises what it raised."""
+           keepalive: Callable[[], list]):
+    """A generator that yields what `keepalive()` makes (the stream's keep-alive
+    events, made only when sent) every `interval` s while the task (or fn(),
+    started now) runs and returns its result (`r = yield from waited(...)`), or
+    raises what it raised."""
     if not isinstance(task, Background):
         task = Background(task)
     while not task.wait(interval):
-        yield keepalive() if callable(keepalive) else keepalive
+        yield keepalive()
     return task.result()
 
 
-def kept_alive(pieces: Iterator[bytes], interval: float, keepalive: bytes,
-               abort: Callable[[], None] | None = None) -> Iterator[bytes]:
-    """`pieces` (a stream's body), with `keepalive` (an SSE comment) every
-    `interval` s of silence until a piece carrying an event's data has come: a
-    backend prefilling a long prompt sends nothing for minutes, and a client
-    waiting that long (Claude Code: 300 s) gives up and sends the request again.
-    After that first event, the pieces pass as they come. `abort` closes the
-    upstream when the client goes away during a wait (the read itself runs
+def kept_alive(pieces, interval: float,
+               abort: Callable[[], None] | None = None) -> sse.Body:
+    """`pieces` (a stream's body: bytes, or an earlier stage's events), with a
+    keep-alive comment every `interval` s of silence until an event with data has
+    come: a backend prefilling a long prompt sends nothing for minutes, and a
+    client waiting that long (Claude Code: 300 s) gives up and sends the request
+    again. After that first event, the events pass as they come. `abort` closes
+    the upstream when the client goes away during a wait (the read itself runs
     beside us and cannot be closed from here)."""
-    it = iter(pieces)
+    return sse.Body(_kept_alive(sse.events_of(pieces), interval, abort))
+
+
+def _kept_alive(batches, interval: float,
+                abort: Callable[[], None] | None) -> Iterator[list[sse.Event]]:
+    it = iter(batches)
     try:
         while True:
-            piece = yield from waited(lambda: next(it, None), interval, keepalive)
-            if piece is None:
+            evs = yield from waited(lambda: next(it, None), interval, sse.keepalive)
+            if evs is None:
                 return
-            yield piece
-            if b"data:" in piece:
+            yield evs
+            if any(ev.data is not None for ev in evs):
                 break
     except GeneratorExit:
         if abort is not None:

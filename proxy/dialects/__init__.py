@@ -27,7 +27,7 @@ import pkgutil
 
 from flask import Response
 
-from common import guard, sse
+from common import guard
 from common.dialects import WIRES, wire_of
 from common.failures import message_of
 from common.streaming import forward_headers, relay, sse_response
@@ -107,8 +107,8 @@ def handle(d: Dialect, parts: dict, request, record) -> Response:
     interval = settings.KEEPALIVE_INTERVAL
 
     def relayed(r):     # the backend's stream, kept alive while it prefills
-        return d.straight_stream(kept_alive(streamed(r, environ, record), interval,
-                                            sse.KEEPALIVE, r.close), body, names)
+        return d.straight_stream(kept_alive(streamed(r, environ, record), interval, r.close),
+                                 body, names)
     task = Background(call)
     if not task.wait(interval):
         # No head from the backend yet (llama-server sends it with the first
@@ -180,9 +180,9 @@ def _names_search(tc) -> bool:
     return (fn.get("name") if isinstance(fn, dict) else tc.get("name")) == TOOL_NAME
 
 
-def stream_failure(d: Dialect, raw: bytes, status: int) -> bytes:
+def stream_failure(d: Dialect, raw: bytes, status: int) -> list:
     """A backend's error answer to a stream that has begun, as the dialect's error
-    event (one an agent can act on as backend_error makes it)."""
+    events (one an agent can act on as backend_error makes it)."""
     status, raw = backend_error(status, raw)
     return d.stream_error(message_of(raw, status), status, error_code(raw))
 

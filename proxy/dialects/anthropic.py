@@ -35,7 +35,7 @@ CUSTOM_TOOL = {"name": TOOL_NAME, "description": engine.TOOL_DESCRIPTION,
                "input_schema": engine.TOOL_PARAMETERS}
 
 
-def stream_error(message: str, status: int, code: str = "") -> bytes:
+def stream_error(message: str, status: int, code: str = "") -> list[sse.Event]:
     """An error ending a stream whose status is sent already: Anthropic's error
     event (its type from the status: a 400 is invalid_request_error)."""
     return event("error", anthropic_error(message, status))
@@ -153,7 +153,7 @@ def citations_for(text: str, searcher) -> list[dict]:
             for src in cited(text, searcher.sources.items)]
 
 
-def _block(index: int, block: dict) -> bytes:
+def _block(index: int, block: dict) -> list[sse.Event]:
     """A whole server-side block as its start/delta/stop events (a server_tool_use's
     input goes as one input_json_delta, as Anthropic's API sends it)."""
     if block["type"] == "server_tool_use":
@@ -264,7 +264,8 @@ class _Round:
 
 # ================================================================= the adapter
 
-PING = event("ping", {"type": "ping"})
+def ping() -> list[sse.Event]:
+    return event("ping", {"type": "ping"})
 
 
 class MessagesAdapter(Adapter):
@@ -272,7 +273,7 @@ class MessagesAdapter(Adapter):
     call_prefix = "srvtoolu_"
 
     @property
-    def keepalive(self) -> bytes:
+    def keepalive(self) -> list[sse.Event]:
         """`ping`, but in a later round's wait (its prefill reads our search results,
         after the stream has begun) for a client that takes thinking blocks: a thinking
         block (at the client's next index) whose deltas Claude Code's idle timer counts
@@ -280,7 +281,7 @@ class MessagesAdapter(Adapter):
         taken out of the history the client sends back (Progress.strip)."""
         if not (self.streaming and self.started and self.searcher.rounds) or \
                 self.in_search or not Progress.wanted(self.body, self.environ):
-            return PING
+            return ping()
         delta = event("content_block_delta", {
             "type": "content_block_delta", "index": self.nxt,
             "delta": {"type": "thinking_delta",
@@ -292,10 +293,10 @@ class MessagesAdapter(Adapter):
             "type": "content_block_start", "index": self.nxt,
             "content_block": {"type": "thinking", "thinking": "", "signature": ""}}) + delta
 
-    def _resume(self) -> bytes:
+    def _resume(self) -> list[sse.Event]:
         """Our progress block of a later round's wait closed, its index taken."""
         if not self.paused:
-            return b""
+            return []
         self.paused = False
         i, self.nxt = self.nxt, self.nxt + 1
         return event("content_block_delta", {
@@ -347,16 +348,16 @@ class MessagesAdapter(Adapter):
         """The backend's events, beginning with message_start."""
         return with_message_start(super().body_of(resp), self.body.get("model"))
 
-    def searching(self, calls) -> bytes:
+    def searching(self, calls) -> list[sse.Event]:
         """The first search's server_tool_use block while they all run (use, result,
         use, result... as Anthropic's API sends them), then a ping."""
         if not self.streaming:
-            return b""
+            return []
         self.in_search = True
         return _block(self.nxt, server_tool_use(Search(calls[0], calls[0].query, ""))) + \
             self.keepalive
 
-    def searched(self, turn: Turn, searches: list[Search]) -> bytes:
+    def searched(self, turn: Turn, searches: list[Search]) -> list[sse.Event]:
         """The round as the backend sees it next time: its turn, then our tool results."""
         self.in_search = False
         self.messages = self.messages + [
@@ -367,14 +368,14 @@ class MessagesAdapter(Adapter):
             self.content += [b for b in self.blocks if b.get("type") != "tool_use"]
             for x in searches:
                 self.content += [server_tool_use(x), search_result_block(x)]
-            return b""
+            return []
         out = []
         for k, x in enumerate(searches):
             if k:
-                out.append(_block(self.nxt + 2 * k, server_tool_use(x)))
-            out.append(_block(self.nxt + 2 * k + 1, search_result_block(x)))
+                out += _block(self.nxt + 2 * k, server_tool_use(x))
+            out += _block(self.nxt + 2 * k + 1, search_result_block(x))
         self.nxt += 2 * len(searches)
-        return b"".join(out)
+        return out
 
     def _round_usage(self, u) -> None:
         """One round's usage: its prompt side (input_tokens, the cache_* counts) is
@@ -451,22 +452,22 @@ class MessagesAdapter(Adapter):
         self.blocks = rnd.finished()
         return turn_of(self.blocks, self.stop.get("stop_reason"))
 
-    def resumed(self) -> bytes:
+    def resumed(self) -> list[sse.Event]:
         """The round's first event ends our progress block (a later round's wait)."""
         return self._resume()
 
-    def _message_start(self, rnd: "_Round", obj: dict, kind) -> bytes:
+    def _message_start(self, rnd: "_Round", obj: dict, kind) -> list[sse.Event]:
         """The first round's, with our usage field; a later round's only its usage."""
         m = obj.get("message") or {}
         u = m.get("usage") or {}
         rnd.usage.update(u)
         if self.started:
-            return b""
+            return []
         self.started = True
         m = {**m, "content": [], "usage": {**u, "server_tool_use": {"web_search_requests": 0}}}
         return event("message_start", {"type": "message_start", "message": m})
 
-    def _block_start(self, rnd: "_Round", obj: dict, kind) -> bytes:
+    def _block_start(self, rnd: "_Round", obj: dict, kind) -> list[sse.Event]:
         """A block at the client's next index; our tool_use blocks held back."""
         bi = obj.get("index", 0)
         b = copy.deepcopy(obj.get("content_block") or {})
@@ -475,12 +476,12 @@ class MessagesAdapter(Adapter):
         rnd.blocks[bi] = b
         if b.get("type") == "tool_use" and b.get("name") == TOOL_NAME:
             rnd.where[bi] = None
-            return b""
+            return []
         rnd.where[bi] = obj["index"] = self.nxt
         self.nxt += 1
         return event("content_block_start", obj)
 
-    def _block_delta(self, rnd: "_Round", obj: dict, kind) -> bytes:
+    def _block_delta(self, rnd: "_Round", obj: dict, kind) -> list[sse.Event]:
         bi = obj.get("index", 0)
         b = rnd.blocks.get(bi)
         if b is None:
@@ -490,59 +491,60 @@ class MessagesAdapter(Adapter):
         if grows is not None:
             _grow(b, grows[0], d.get(grows[1]))
         if rnd.where.get(bi) is None:
-            return b""
+            return []
         obj["index"] = rnd.where[bi]
         return event("content_block_delta", obj)
 
-    def _block_stop(self, rnd: "_Round", obj: dict, kind) -> bytes:
+    def _block_stop(self, rnd: "_Round", obj: dict, kind) -> list[sse.Event]:
         """A block's end, after the citations of its text."""
         ci = rnd.where.get(obj.get("index", 0))
         if ci is None:
-            return b""
+            return []
         b = rnd.blocks.get(obj.get("index", 0)) or {}
-        out = b"".join(event("content_block_delta", {
-            "type": "content_block_delta", "index": ci,
-            "delta": {"type": "citations_delta", "citation": c}})
-            for c in self._cited(b, _joined(b, "text")))
+        out = []
+        for c in self._cited(b, _joined(b, "text")):
+            out += event("content_block_delta", {
+                "type": "content_block_delta", "index": ci,
+                "delta": {"type": "citations_delta", "citation": c}})
         obj["index"] = ci
         return out + event("content_block_stop", obj)
 
-    def _message_delta(self, rnd: "_Round", obj: dict, kind) -> bytes:
+    def _message_delta(self, rnd: "_Round", obj: dict, kind) -> list[sse.Event]:
         """The round's stop and usage, kept for the client's one message_delta."""
         self.stop = obj.get("delta") or {}
         u = obj.get("usage") or {}
         self.out += u.get("output_tokens") or 0
         # input tokens come in message_start, or only here
         rnd.usage.update({k: v for k, v in u.items() if k != "output_tokens" and v is not None})
-        return b""
+        return []
 
-    def _message_stop(self, rnd: "_Round", obj: dict, kind) -> bytes:
+    def _message_stop(self, rnd: "_Round", obj: dict, kind) -> list[sse.Event]:
         rnd.over = True
-        return b""
+        return []
 
-    def _error(self, rnd: "_Round", obj: dict, kind) -> bytes:
+    def _error(self, rnd: "_Round", obj: dict, kind) -> list[sse.Event]:
         """The backend's error event ends the client's stream."""
         rnd.over = rnd.failed = True
         err = obj.get("error") or {}
         return event("error", obj if obj.get("type") == "error" else
                      anthropic_error(str(err.get("message") or err), 502))
 
-    def _ping(self, rnd: "_Round", obj: dict, kind) -> bytes:
-        return PING
+    def _ping(self, rnd: "_Round", obj: dict, kind) -> list[sse.Event]:
+        return ping()
 
     ON = {"message_start": _message_start, "content_block_start": _block_start,
           "content_block_delta": _block_delta, "content_block_stop": _block_stop,
           "message_delta": _message_delta, "message_stop": _message_stop,
           "error": _error, "ping": _ping}
 
-    def end(self, turn: Turn) -> bytes:
+    def end(self, turn: Turn) -> list[sse.Event]:
         return self._resume() + event("message_delta", {
             "type": "message_delta",
             "delta": {"stop_reason": _stop_reason(turn),
                       "stop_sequence": self.stop.get("stop_sequence")},
             "usage": self._usage()}) + event("message_stop", {"type": "message_stop"})
 
-    def fail(self, message: str, status: int, code: str) -> bytes:
+    def fail(self, message: str, status: int, code: str) -> list[sse.Event]:
         return self._resume() + event("error", anthropic_error(message, status))
 
 

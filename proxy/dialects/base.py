@@ -5,12 +5,18 @@ defaults of the protocol that proxy/search/rounds.py drives:
 
     round_body(stream) -> dict          the next round's request
     turn_of(resp) -> Turn | Response    a whole answer (a Response: needs nothing of ours)
-    relay(resp) -> yields bytes, returns Turn | None (None: it ended the stream)
-    searching(calls) -> bytes           stream: our searches are starting
-    searched(turn, searches) -> bytes   the round recorded for the next (stream: its events)
+    relay(resp) -> yields lists of events, returns Turn | None (None: it ended the stream)
+    searching(calls) -> events          stream: our searches are starting
+    searched(turn, searches) -> events  the round recorded for the next (stream: its events)
     answer(turn) -> Response            the final whole answer
-    end(turn) -> bytes                  the final events of a stream
-    fail(message, status, code) -> bytes   an error event ending a stream
+    end(turn) -> events                 the final events of a stream
+    fail(message, status, code) -> events  an error event ending a stream
+
+A stream is events from end to end (common/sse.py frames them: its reader where
+the backend's bytes come in, its writer where the client's go out): what a relay
+passes on is the backend's own Event (its bytes go out as they came), what an
+adapter makes is an Event made of an object (`event`), in lists that are one
+write each.
 """
 from __future__ import annotations
 
@@ -23,7 +29,6 @@ from common import guard, sse
 from common.errors import ApiError
 from common.failures import message_of
 from common.dialects import Wire
-from common.sse import event
 from common.streaming import forward_headers
 
 from ..search.engine import Searcher, TOOL_NAME
@@ -32,6 +37,12 @@ from ..upstream import kept_alive, watched
 
 __all__ = ["Adapter", "Dialect", "event", "TOOL_NAME", "parse_json_object", "put_system",
            "server_search"]
+
+
+def event(name: str, obj: dict) -> list[sse.Event]:
+    """One named event an adapter makes (`event:` + `data:`, as Anthropic and
+    Responses streams use), in a list: an adapter's events add up with `+`."""
+    return [sse.Event.of(obj, name)]
 
 
 def no_flattening(body: dict) -> dict:
@@ -57,7 +68,7 @@ class Dialect:
     floor_keys: tuple[str, ...]             # the limits the tool token floor raises
     straight_stream: Callable               # (chunks, body, names): the backend's stream
     straight_whole: Callable                # (content, names): its whole answer (no search)
-    stream_error: Callable                  # (message, status, code): an error event ending it
+    stream_error: Callable                  # (message, status, code): the error events ending it
     adapter: type                           # the search rounds' (Adapter): its relay a table
     progress: type                          # a waiting stream's events (progress.Progress)
     # tools the backend cannot see as they came, made plain in place:
@@ -118,7 +129,6 @@ class Adapter:
     """One client request with search, in one dialect."""
     path = ""                   # the backend path
     call_prefix = ""            # of the ids the client sees for our calls ("": none)
-    keepalive = b": keep-alive\n\n"
     record = None               # the request's record (proxy/record.py)
 
     def __init__(self, body: dict, tool: dict, parts: dict, request):
@@ -147,53 +157,68 @@ class Adapter:
         """A streamed answer's body, its first event awaited watching the client,
         with keep-alive comments while the backend prefills."""
         return kept_alive(watched(resp, self.environ, self.record),
-                          self.settings.KEEPALIVE_INTERVAL,
-                          sse.KEEPALIVE, resp.close)
+                          self.settings.KEEPALIVE_INTERVAL, resp.close)
 
-    def fail_answer(self, raw: bytes, status: int) -> bytes:
+    @property
+    def keepalive(self) -> list[sse.Event]:
+        """What keeps the client's wait alive: a comment (a dialect whose clients'
+        timers count only data has its own)."""
+        return sse.keepalive()
+
+    def fail_answer(self, raw: bytes, status: int) -> list[sse.Event]:
         """A round's call answered an error: it ends the stream (one an agent can
         act on as backend_error makes it)."""
         status, raw = backend_error(status, raw)
         return self.fail(message_of(raw, status), status,
                          "upstream_error" if status != 400 else "invalid_request_error")
 
-    def searching(self, calls) -> bytes:
+    def searching(self, calls) -> list[sse.Event]:
         return self.keepalive
 
     # ------------------------------------------------------------ a streamed round
 
     # The relay of a streamed round as a table: event type -> handler(self, rnd, obj,
-    # type) -> the client's bytes for it; a type not in it goes to `other`.
+    # type) -> the client's events for it; a type not in it goes to `other`.
     ON: dict = {}
 
-    def other(self, rnd, obj: dict, kind) -> bytes:
+    def other(self, rnd, obj: dict, kind) -> list[sse.Event]:
         """An event of a type the dialect has no handler for: dropped."""
-        return b""
+        return []
 
-    def resumed(self) -> bytes:
+    def resumed(self) -> list[sse.Event]:
         """What goes before the round's next event, after our own progress (none)."""
-        return b""
+        return []
 
     def events(self, resp, rnd):
         """The backend stream's events, each through its handler in ON (by its type);
-        the client's bytes of each read in one write, until a handler ends the round
-        (rnd.over). A comment keeps the client's wait alive: in a later round (the
-        stream has begun) with the dialect's keep-alive, which its timer counts."""
-        for batch in sse.json_batches(self.body_of(resp)):
-            sent = []                       # what this read makes: one write
-            for name, obj in batch:
-                if name == ":":
-                    sent.append(obj + self.keepalive if self.searcher.rounds else obj)
+        the client's events of each read in one list (one write), until a handler
+        ends the round (rnd.over) or [DONE] comes. A comment keeps the client's wait
+        alive: in a later round (the stream has begun) with the dialect's
+        keep-alive, which its timer counts. Blank lines and data that is not a JSON
+        object are dropped."""
+        for evs in sse.events_of(self.body_of(resp)):
+            sent: list[sse.Event] = []          # what this read makes: one write
+            for ev in evs:
+                if ev.data is None:
+                    if not ev.blank:
+                        sent.append(ev.bare())
+                        if self.searcher.rounds:
+                            sent += self.keepalive
                     continue
-                kind = obj.get("type") or name or ""
+                if ev.is_done:
+                    if sent:
+                        yield sent
+                    return
+                obj = ev.json
+                if not isinstance(obj, dict):
+                    continue
+                kind = obj.get("type") or ev.name or ""
                 handler = self.ON.get(kind, type(self).other) if isinstance(kind, str) \
                     else type(self).other
-                out = self.resumed() + handler(self, rnd, obj, kind)
-                if out:
-                    sent.append(out)
+                sent += self.resumed() + handler(self, rnd, obj, kind)
                 if rnd.over:
                     break
             if sent:
-                yield b"".join(sent)
+                yield sent
             if rnd.over:
                 return

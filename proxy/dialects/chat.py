@@ -91,9 +91,9 @@ def straight_whole(content: bytes, names=None) -> bytes:
     return normalize.normalize_completion_bytes(content)
 
 
-def stream_error(message: str, status: int, code: str) -> bytes:
+def stream_error(message: str, status: int, code: str) -> list[sse.Event]:
     """An error ending a stream whose status is sent already: the OpenAI envelope."""
-    return sse.emit(error_body(message, status, code=code)) + sse.DONE
+    return [sse.Event.of(error_body(message, status, code=code)), sse.done()]
 
 
 def _usage_add(total: dict | None, u) -> dict | None:
@@ -135,12 +135,13 @@ class ChatAdapter(Adapter):
     path = PATH
 
     @property
-    def keepalive(self) -> bytes:
+    def keepalive(self) -> list[sse.Event]:
         """While SearXNG works and the next round prefills (the stream has begun): a
         chunk with an empty content delta, which agents' idle timers count (a comment
         does not: proxy/progress.py)."""
-        return sse.emit({**self.head.fields, "object": "chat.completion.chunk", "choices": [
-            {"index": 0, "delta": {"content": ""}, "finish_reason": None}]})
+        return [sse.Event.of({**self.head.fields, "object": "chat.completion.chunk",
+                              "choices": [{"index": 0, "delta": {"content": ""},
+                                           "finish_reason": None}]})]
 
     def __init__(self, body: dict, tool: dict, parts: dict, request):
         super().__init__(body, tool, parts, request)
@@ -167,7 +168,7 @@ class ChatAdapter(Adapter):
                 b.pop("parallel_tool_calls", None)
         return b
 
-    def searched(self, turn: Turn, searches) -> bytes:
+    def searched(self, turn: Turn, searches) -> list[sse.Event]:
         """The round as the model sees it next time: its turn, one tool message per call."""
         assistant = {"role": "assistant", "content": turn.content or None,
                      "tool_calls": [{"id": c.id, "type": "function",
@@ -177,7 +178,7 @@ class ChatAdapter(Adapter):
             assistant[self.rkey] = "".join(turn.reasoning)
         self.body["messages"] = list(self.body["messages"]) + [assistant] + [
             {"role": "tool", "tool_call_id": x.call.id, "content": x.text} for x in searches]
-        return b""
+        return []
 
     # ------------------------------------------------------------ whole answers
 
@@ -230,20 +231,15 @@ class ChatAdapter(Adapter):
     # ------------------------------------------------------------ streams
 
     def relay(self, resp):
-        """Relay one backend stream, the events of each read in one write; the
-        round's Turn, or None when an error event ended the stream."""
+        """Relay one backend stream, the events of each read in one list (one write);
+        the round's Turn, or None when an error event ended the stream."""
         rnd = _Round(first_round=self.searcher.rounds == 0)
         self.rkey = None
-        for whole in sse.batches(self.body_of(resp)):
-            if rnd.first_round and _plain(whole):
-                self.head.see(whole)
-                rnd.turn.texts.append(whole)       # parsed only if the text is needed
-                yield whole
-                continue
-            out: list[bytes] = []
-            more = self._events(whole, rnd, out)
+        for evs in sse.events_of(self.body_of(resp)):
+            out: list[sse.Event] = []
+            more = self._events(evs, rnd, out)
             if out:
-                yield b"".join(out)
+                yield out
             if more is False:
                 return None
             if more:
@@ -252,46 +248,44 @@ class ChatAdapter(Adapter):
         self.rkey = rnd.rkey
         return rnd.turn
 
-    def _events(self, whole: bytes, rnd: "_Round", out: list) -> bool | None:
-        """The client's bytes for the events of one read, into `out`; True at [DONE],
-        False when an error ended the stream, None to read on."""
+    def _events(self, evs: list[sse.Event], rnd: "_Round", out: list) -> bool | None:
+        """The client's events for the events of one read, into `out`; True at
+        [DONE], False when an error ended the stream, None to read on. A first
+        round's plain chunk (see _plain) goes out as it came, unparsed; blank lines
+        between events are dropped."""
         head = self.head
-        for raw in sse.split(whole):
-            if rnd.first_round and _plain(raw):
-                head.see(raw)
-                rnd.turn.texts.append(raw)
-                out.append(raw)
-                continue
-            ev = sse.parse_event(raw)
-            if ev is None:
+        for ev in evs:
+            if rnd.first_round and _plain(ev):
+                head.see(ev)
+                rnd.turn.texts.append(ev)          # parsed only if the text is needed
+                out.append(ev.bare())
                 continue
             if ev.data is None:              # a comment (the swapper's progress): pass it on,
-                # in a later round (the stream has begun) with a chunk timers count
-                out.append(raw if rnd.first_round else raw + self.keepalive)
+                if not ev.blank:             # in a later round (the stream has begun) with a
+                    out.append(ev.bare())    # chunk timers count; blank lines go
+                    if not rnd.first_round:
+                        out += self.keepalive
                 continue
             if ev.is_done:
                 return True
-            try:
-                obj = guard.answer_json(ev.data)
-            except ValueError:
-                continue
+            obj = ev.json
             if not isinstance(obj, dict):
                 continue
             if "error" in obj:
-                out += (sse.emit(obj), sse.DONE)
+                out += (sse.Event.of(obj), sse.done())
                 return False
             head.learn(obj)
             chunk, changed = rnd.feed(obj, self)
             if chunk is None:
                 continue
             if not changed:
-                out.append(raw)
+                out.append(ev.bare())
             else:
                 chunk.update(head.fields)
-                out.append(sse.emit(chunk))
+                out.append(sse.Event.of(chunk))
         return None
 
-    def end(self, turn: Turn) -> bytes:
+    def end(self, turn: Turn) -> list[sse.Event]:
         """The end of the client's stream, in one write: sources, the finish chunk,
         usage, [DONE]."""
         out = []
@@ -312,20 +306,20 @@ class ChatAdapter(Adapter):
             block = sources.block(turn.content) \
                 if self.settings.SEARCH_SOURCES and sources.items else ""
             if block:
-                out.append(sse.emit({**head, "object": "chat.completion.chunk",
-                                     "choices": [{"index": 0, "delta": {"content": block},
-                                                  "finish_reason": None}]}))
-        out.append(sse.emit(fin))
+                out.append(sse.Event.of({**head, "object": "chat.completion.chunk",
+                                         "choices": [{"index": 0, "delta": {"content": block},
+                                                      "finish_reason": None}]}))
+        out.append(sse.Event.of(fin))
         if self.usage:
-            out.append(sse.emit({**head, "object": "chat.completion.chunk", "choices": [],
-                                 "usage": self.usage}))
-        out.append(sse.DONE)
-        return b"".join(out)
+            out.append(sse.Event.of({**head, "object": "chat.completion.chunk", "choices": [],
+                                     "usage": self.usage}))
+        out.append(sse.done())
+        return out
 
-    def fail(self, message: str, status: int, code: str) -> bytes:
-        return sse.emit(error_body(message, status, code=code)) + sse.DONE
+    def fail(self, message: str, status: int, code: str) -> list[sse.Event]:
+        return stream_error(message, status, code)
 
-    def fail_answer(self, raw: bytes, status: int) -> bytes:
+    def fail_answer(self, raw: bytes, status: int) -> list[sse.Event]:
         """The upstream's own envelope, as it is, when it sent one (or the one
         backend_error makes of it)."""
         status, raw = backend_error(status, raw)
@@ -334,7 +328,7 @@ class ChatAdapter(Adapter):
         except (ValueError, UnicodeDecodeError):
             obj = None
         if isinstance(obj, dict) and "error" in obj:
-            return sse.emit(obj) + sse.DONE
+            return [sse.Event.of(obj), sse.done()]
         return super().fail_answer(raw, 502)
 
 
@@ -423,69 +417,59 @@ class _Head:
     KEYS = ("id", "created", "model", "system_fingerprint")
 
     def __init__(self):
-        self._raw: bytes | None = None          # the first plain chunk(s), unparsed
+        self._ev: sse.Event | None = None       # the first plain chunk, unparsed
         self._fields: dict | None = None
 
-    def see(self, raw: bytes) -> None:
-        if self._raw is None and self._fields is None:
-            self._raw = raw
+    def see(self, ev: sse.Event) -> None:
+        if self._ev is None and self._fields is None:
+            self._ev = ev
 
     def learn(self, obj: dict) -> None:
-        if self._fields is None and self._raw is None:
+        if self._fields is None and self._ev is None:
             self._fields = {k: obj[k] for k in self.KEYS if k in obj}
 
     @property
     def fields(self) -> dict:
         if self._fields is None:
-            self._fields = {}
-            for ev in sse.events(self._raw or b""):
-                try:
-                    obj = guard.answer_json(ev.data)
-                except (ValueError, TypeError):
-                    continue
-                if isinstance(obj, dict):
-                    self._fields = {k: obj[k] for k in self.KEYS if k in obj}
-                    break
-            self._raw = None
+            obj = self._ev.json if self._ev is not None else None
+            self._fields = {k: obj[k] for k in self.KEYS if k in obj} \
+                if isinstance(obj, dict) else {}
+            self._ev = None
         return self._fields
 
 
-def _plain(whole: bytes) -> bool:
-    """Whether whole events (one or more) are all chunks that the first round passes
-    on as the backend sent them and learns only their text from: each a single
-    `data:` line holding a JSON object with a choice; no tool calls, reasoning, usage
-    or error (what the round may change or act on); a null (or no) finish_reason.
-    Checked on the bytes, at C speed; a false "no" only costs the parse."""
-    n = whole.count(b"\n\n")
-    return (whole.startswith(b'data: {"') and whole.endswith(b"}\n\n")
-            and whole.count(b"\n") == 2 * n
-            and whole.count(b'}\n\ndata: {"') == n - 1
-            and whole.count(b'"choices":[{') == n
-            and whole.count(b'"finish_reason"') == whole.count(b'"finish_reason":null')
-            and b'"tool_calls"' not in whole and b'"reasoning' not in whole
-            and b'"usage"' not in whole and b'"error"' not in whole)
+def _plain(ev: sse.Event) -> bool:
+    """Whether an event is a chunk that the first round passes on as the backend
+    sent it and learns only its text from: data holding a JSON object with one
+    choice; no tool calls, reasoning, usage or error (what the round may change
+    or act on); a null (or no) finish_reason. Checked on its data's text, at C
+    speed, without parsing it; a false "no" only costs the parse."""
+    d = ev.data
+    return (d is not None and d[:2] == '{"' and d[-1:] == "}"
+            and d.count('"choices":[{') == 1
+            and d.count('"finish_reason"') == d.count('"finish_reason":null')
+            and '"tool_calls"' not in d and '"reasoning' not in d
+            and '"usage"' not in d and '"error"' not in d)
 
 
-def _text_of(whole: bytes) -> str:
-    """The content of plain chunks (see _plain), as _Round.feed would have taken it."""
-    texts = []
-    for ev in sse.events(whole):
-        try:
-            delta = json.loads(ev.data)["choices"][0].get("delta") or {}
-        except (ValueError, TypeError, KeyError, IndexError):
-            continue
-        if delta.get("content"):
-            texts.append(delta["content"])
-    return "".join(texts)
+def _text_of(ev: sse.Event) -> str:
+    """The content of a plain chunk (see _plain), as _Round.feed would have taken it."""
+    obj = ev.json
+    try:
+        delta = obj["choices"][0].get("delta") or {}
+    except (TypeError, KeyError, IndexError, AttributeError):
+        return ""
+    content = delta.get("content") if isinstance(delta, dict) else None
+    return content if isinstance(content, str) else ""
 
 
 class _ChatTurn(Turn):
-    """A streamed chat turn whose `texts` may hold the bytes of plain chunks (see
-    _plain), parsed the first time its content is read (most answers never are)."""
+    """A streamed chat turn whose `texts` may hold plain chunks (see _plain), their
+    text read the first time its content is (most answers never are)."""
 
     @property
     def content(self) -> str:
-        if any(type(t) is bytes for t in self.texts):
+        if any(type(t) is not str for t in self.texts):
             self.texts = [t if type(t) is str else _text_of(t) for t in self.texts]
         return "".join(self.texts)
 

@@ -36,7 +36,7 @@ FUNCTION_TOOL = {"type": "function", "name": TOOL_NAME, "description": engine.TO
                  "parameters": engine.TOOL_PARAMETERS}
 
 
-def stream_error(message: str, status: int, code: str) -> bytes:
+def stream_error(message: str, status: int, code: str) -> list[sse.Event]:
     """An error ending a stream whose status is sent already: `response.failed`
     (Codex shows its error's message)."""
     return event("response.failed", {"type": "response.failed", "sequence_number": 0,
@@ -378,7 +378,7 @@ class ResponsesAdapter(Adapter):
         return b
 
     @property
-    def keepalive(self) -> bytes:
+    def keepalive(self) -> list[sse.Event]:
         """While SearXNG works and the next round prefills (the stream has begun):
         `response.in_progress`, which Codex's idle timer counts (a comment does not)."""
         if self.head is None:
@@ -386,7 +386,7 @@ class ResponsesAdapter(Adapter):
         return self.emit({"type": "response.in_progress",
                           "response": {**self.head, "output": []}})
 
-    def emit(self, obj: dict) -> bytes:
+    def emit(self, obj: dict) -> list[sse.Event]:
         """obj (numbered in place) as the client stream's next event (the calls of
         flattened namespace tools in Codex's shape)."""
         if self.names:
@@ -399,22 +399,22 @@ class ResponsesAdapter(Adapter):
         return self.head or {"id": new_id("resp_"), "object": "response",
                              "created_at": int(time.time()), "model": self.body.get("model")}
 
-    def searching(self, calls) -> bytes:
+    def searching(self, calls) -> list[sse.Event]:
         """Each search's web_search_call item, in progress, while they run."""
         self.output += self.shown
         if not self.streaming:
-            return b""
+            return []
         out, base = [], len(self.output)
         for k, c in enumerate(calls):
-            out += [self.emit({"type": "response.output_item.added", "output_index": base + k,
-                               "item": web_search_call(Search(c, c.query, ""), "in_progress")}),
-                    self.emit({"type": "response.web_search_call.in_progress",
-                               "output_index": base + k, "item_id": c.client_id}),
-                    self.emit({"type": "response.web_search_call.searching",
-                               "output_index": base + k, "item_id": c.client_id})]
-        return b"".join(out)
+            out += self.emit({"type": "response.output_item.added", "output_index": base + k,
+                              "item": web_search_call(Search(c, c.query, ""), "in_progress")})
+            out += self.emit({"type": "response.web_search_call.in_progress",
+                              "output_index": base + k, "item_id": c.client_id})
+            out += self.emit({"type": "response.web_search_call.searching",
+                              "output_index": base + k, "item_id": c.client_id})
+        return out
 
-    def searched(self, turn: Turn, searches: list[Search]) -> bytes:
+    def searched(self, turn: Turn, searches: list[Search]) -> list[sse.Event]:
         """The round as the backend sees it next time: its items, our calls' outputs."""
         keep = [_input_item(i) for i in self.items if i.get("type") in ("message",
                                                                          "function_call")]
@@ -426,11 +426,11 @@ class ResponsesAdapter(Adapter):
             item = web_search_call(x)
             self.output.append(item)
             if self.streaming:
-                out += [self.emit({"type": "response.web_search_call.completed",
-                                   "output_index": base + k, "item_id": x.call.client_id}),
-                        self.emit({"type": "response.output_item.done",
-                                   "output_index": base + k, "item": item})]
-        return b"".join(out)
+                out += self.emit({"type": "response.web_search_call.completed",
+                                  "output_index": base + k, "item_id": x.call.client_id})
+                out += self.emit({"type": "response.output_item.done",
+                                  "output_index": base + k, "item": item})
+        return out
 
     # ------------------------------------------------------------ whole answers
 
@@ -496,50 +496,50 @@ class ResponsesAdapter(Adapter):
                       if k in rnd.items and rnd.where.get(k) is not None]
         return turn_of(self.items, done.get("status"))
 
-    def _opened(self, rnd: "_Round", obj: dict, kind: str) -> bytes:
+    def _opened(self, rnd: "_Round", obj: dict, kind: str) -> list[sse.Event]:
         """response.created, response.in_progress: the first round's, as our one
         response (later rounds: the same one response, nothing new)."""
         if not rnd.first:
-            return b""
+            return []
         if self.head is None:
             self.head = {k: v for k, v in (obj.get("response") or {}).items()
                          if k not in ("output", "usage")}
         obj["response"] = {**self.head, "output": []}
         return self.emit(obj)
 
-    def _completed(self, rnd: "_Round", obj: dict, kind: str) -> bytes:
+    def _completed(self, rnd: "_Round", obj: dict, kind: str) -> list[sse.Event]:
         """The round's end (response.completed or .incomplete): kept for end()."""
         rnd.done = obj.get("response") or {}
         rnd.over = True
-        return b""
+        return []
 
-    def _failed(self, rnd: "_Round", obj: dict, kind: str) -> bytes:
+    def _failed(self, rnd: "_Round", obj: dict, kind: str) -> list[sse.Event]:
         """The backend's failure ends the client's stream, its message kept."""
         rnd.over = rnd.failed = True
         err = obj.get("error") or (obj.get("response") or {}).get("error") or obj
         return self.fail(str(err.get("message") or err) if isinstance(err, dict) else
                          str(err), 502, "upstream_error")
 
-    def _added(self, rnd: "_Round", obj: dict, kind: str) -> bytes:
+    def _added(self, rnd: "_Round", obj: dict, kind: str) -> list[sse.Event]:
         """An item at the client's next output index; our function calls held back."""
         bi = _item_key(obj)
         if bi is None:
-            return b""
+            return []
         rnd.order.append(bi)
         if _is_ours(obj.get("item") or {}):
             rnd.where[bi] = None
-            return b""
+            return []
         rnd.where[bi] = len(self.output) + sum(1 for v in rnd.where.values() if v is not None)
         return self._moved(rnd, obj, kind, bi)
 
-    def _item_done(self, rnd: "_Round", obj: dict, kind: str) -> bytes:
+    def _item_done(self, rnd: "_Round", obj: dict, kind: str) -> list[sse.Event]:
         """An item whole: kept for the round, its citations annotated."""
         bi = _item_key(obj)
         if bi is None:
-            return b""
+            return []
         ci = rnd.where.get(bi)
         rnd.items[bi] = item = obj.get("item") or {}
-        out = b""
+        out = []
         if ci is not None:
             for pi, ai, a in annotate(item, self.searcher):
                 out += self.emit({"type": "response.output_text.annotation.added",
@@ -548,17 +548,17 @@ class ResponsesAdapter(Adapter):
                                   "annotation": a})
         return out + self._moved(rnd, obj, kind, bi)
 
-    def other(self, rnd: "_Round", obj: dict, kind: str) -> bytes:
+    def other(self, rnd: "_Round", obj: dict, kind: str) -> list[sse.Event]:
         """Any other event of an item (its content parts, text deltas...)."""
         bi = _item_key(obj)
-        return b"" if bi is None else self._moved(rnd, obj, kind, bi)
+        return [] if bi is None else self._moved(rnd, obj, kind, bi)
 
-    def _moved(self, rnd: "_Round", obj: dict, kind: str, bi) -> bytes:
+    def _moved(self, rnd: "_Round", obj: dict, kind: str, bi) -> list[sse.Event]:
         """An item's event at its client output index, numbered in the client's
         stream (nothing for our held-back calls)."""
         ci = rnd.where.get(bi)
         if ci is None:
-            return b""
+            return []
         obj.pop("sequence_number", None)
         if kind.startswith(("response.content_part.", "response.output_text.")):
             obj.setdefault("content_index", 0)
@@ -570,7 +570,7 @@ class ResponsesAdapter(Adapter):
           "response.failed": _failed, "error": _failed,
           "response.output_item.added": _added, "response.output_item.done": _item_done}
 
-    def end(self, turn: Turn) -> bytes:
+    def end(self, turn: Turn) -> list[sse.Event]:
         self.output += self.shown
         status = self.last.get("status") or "completed"
         final = {**self._head(),
@@ -580,7 +580,7 @@ class ResponsesAdapter(Adapter):
         return self.emit({"type": "response.incomplete" if status == "incomplete"
                           else "response.completed", "response": final})
 
-    def fail(self, message: str, status: int, code: str) -> bytes:
+    def fail(self, message: str, status: int, code: str) -> list[sse.Event]:
         r = {**self._head(), "status": "failed", "output": self.output,
              "error": {"code": code, "message": message}}
         return self.emit({"type": "response.failed", "response": r})

@@ -22,9 +22,9 @@ from typing import Iterator
 import requests
 from flask import Response
 
+from common import sse
 from common.disconnect import ClientGone
 from common.errors import ApiError
-from common.sse import KEEPALIVE
 from common.streaming import forward_headers, headers_now, sse_response
 
 from .. import agents
@@ -45,7 +45,7 @@ def serve(ad, stream: bool) -> Response:
     task = Background(lambda: ad.call(stream=True))
     if not task.wait(interval):
         # no head yet (llama-server sends it after the prefill): the stream starts now
-        return sse_response(_late(ad, task, interval))
+        return sse_response(sse.Body(_late(ad, task, interval)))
     try:
         first = task.result()
     except BaseException:
@@ -75,16 +75,20 @@ def as_is(r: requests.Response) -> Response:
     return Response(content, status=r.status_code, headers=forward_headers(r.headers))
 
 
-def late(task, interval: float, fail, failed, then) -> Iterator[bytes]:
+def late(task, interval: float, fail, failed, then) -> sse.Body:
     """A stream whose head had not come within one keep-alive interval (the rounds'
     first call, or the straight path's only one): comments until it comes (nothing
-    of the dialect's is sent yet), then `then(r)`, the answer. An error raised
-    meanwhile is `fail(message, status, code)` (a client gone hears nothing), an
-    error answer `failed(raw, status)`: the dialect's error event, the status being
-    sent already."""
-    yield KEEPALIVE
+    of the dialect's is sent yet), then `then(r)`, the answer (its events). An
+    error raised meanwhile is `fail(message, status, code)` (a client gone hears
+    nothing), an error answer `failed(raw, status)`: the dialect's error events,
+    the status being sent already."""
+    return sse.Body(_waiting(task, interval, fail, failed, then))
+
+
+def _waiting(task, interval: float, fail, failed, then) -> Iterator[list[sse.Event]]:
+    yield sse.keepalive()
     try:
-        r = yield from waited(task, interval, KEEPALIVE)
+        r = yield from waited(task, interval, sse.keepalive)
     except ApiError as e:
         if e.status != 499:                 # a client gone hears nothing
             yield fail(e.message, e.status, e.code)
@@ -96,10 +100,10 @@ def late(task, interval: float, fail, failed, then) -> Iterator[bytes]:
             r.close()
         yield failed(raw, r.status_code)
         return
-    yield from then(r)
+    yield from sse.events_of(then(r))
 
 
-def _late(ad, task, interval: float) -> Iterator[bytes]:
+def _late(ad, task, interval: float) -> Iterator[list[sse.Event]]:
     """The rounds of a stream whose first round had no head within one keep-alive
     interval (late); its error (or a refusal an agent can act on, backend_error) as
     the dialect's error event."""
@@ -110,11 +114,11 @@ def _late(ad, task, interval: float) -> Iterator[bytes]:
         streaming = True
         return _stream(ad, first)
     try:
-        yield from late(task, interval, lambda m, s, c: ad.fail(m, s, c or "error"),
-                        ad.fail_answer, begun)
+        yield from sse.events_of(late(task, interval, lambda m, s, c: ad.fail(m, s, c or "error"),
+                                      ad.fail_answer, begun))
     finally:
         if not streaming:
-            ad.searcher.done()              # else _stream's, at its end
+            ad.searcher.done()              # else _rounds', at its end
 
 
 def _whole(ad) -> Response:
@@ -137,11 +141,16 @@ def _whole(ad) -> Response:
             return ad.answer(turn)
 
 
-def _stream(ad, first: requests.Response) -> Iterator[bytes]:
+def _stream(ad, first: requests.Response) -> sse.Body:
+    """The rounds of a stream, relayed: the client's events (one list a write)."""
+    return sse.Body(_rounds(ad, first))
+
+
+def _rounds(ad, first: requests.Response) -> Iterator[list[sse.Event]]:
     resp = first
     try:
         if headers_now(first):
-            yield b""                   # the head now, while the backend works
+            yield []                    # the head now, while the backend works
         while True:
             turn = yield from ad.relay(resp)
             if turn is None:
@@ -177,7 +186,7 @@ def _stream(ad, first: requests.Response) -> Iterator[bytes]:
         ad.searcher.done()
 
 
-def _search(ad, turn) -> Iterator[bytes]:
+def _search(ad, turn) -> Iterator[list[sse.Event]]:
     """Answer our calls, the client's stream kept alive while SearXNG works."""
     calls = turn.ours
     _name(ad, calls)
