@@ -27,8 +27,35 @@ AREAS = {
     "policy": ("swap_policy", "test_policy", "test_holds", "test_scheduler"),
 }
 
+# The files that take a minute or more (real generation on the CPU, CPU vLLM, the
+# fleet's LiteLLM, compose), longest first. pytest-xdist hands whole files
+# (--dist loadfile) to the workers in collection order: these go first, so the
+# small files fill in at the end and the two workers finish together, instead of
+# one running the verify gate or compose alone after the other is done.
+HEAVY = (
+    "tests/integration/swapper/test_kvcache.py",
+    "tests/integration/swapper/test_dialects_stack.py",
+    "tests/integration/test_fleet.py",
+    "tests/integration/test_verify.py",
+    "tests/integration/test_console.py",
+    "tests/integration/swapper/test_vllm.py",
+    "tests/integration/proxy/test_agents.py",
+    "tests/integration/proxy/test_llama_passthrough.py",
+    "tests/integration/swapper/test_conversations.py",
+    "tests/e2e/test_compose.py",
+    "tests/e2e/test_compose_download.py",
+)
+
+
+def heavy_first(items) -> None:
+    """Reorder in place: HEAVY's files first, in its order; the rest as collected
+    (a file's tests stay together and in order: the sort is stable)."""
+    rank = {path: i for i, path in enumerate(HEAVY)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(HEAVY)))
+
 
 def pytest_collection_modifyitems(items):
+    heavy_first(items)
     for item in items:
         parts = item.nodeid.split("::")[0].split("/")
         for level in LEVELS:

@@ -44,6 +44,10 @@ done
 workers="${TEST_WORKERS:-}"
 [ -z "$workers" ] && [ "$any_path" = 0 ] && workers=2
 if [ -n "$workers" ] && [ "$workers" != 0 ]; then
-  set -- -n "$workers" --dist loadfile "$@"
+  # In collection order (tests/conftest.py puts the longest files first), not
+  # xdist's default of the files with the most tests first, which put the
+  # few-test, minutes-long files (the verify gate, compose) last: one worker ran
+  # them alone at the end.
+  set -- -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
 fi
 exec .venv/bin/python -m pytest "$@"

@@ -49,3 +49,21 @@ def test_one_wait_helper_and_one_unit_env():
                 envs.append(f"{rel}:{node.lineno}")
     assert [w.split(":")[0] for w in waits] == ["tests/support/servers.py"], waits
     assert [e.split(":")[0] for e in envs] == ["tests/support/swapperproc.py"], envs
+
+
+def test_the_heavy_files_scheduled_first_exist_and_go_first():
+    """tests/conftest.py's HEAVY names files: a renamed one would silently lose
+    its place at the front of the workers' queue."""
+    from types import SimpleNamespace
+
+    from tests.conftest import HEAVY, heavy_first
+    assert len(set(HEAVY)) == len(HEAVY)
+    for path in HEAVY:
+        assert (TESTS.parent / path).is_file(), path
+    items = [SimpleNamespace(nodeid=n) for n in (
+        "tests/unit/a.py::t1", "tests/unit/a.py::t2", HEAVY[1] + "::x", "tests/unit/b.py::t",
+        HEAVY[0] + "::y", HEAVY[1] + "::z")]
+    heavy_first(items)
+    assert [i.nodeid for i in items] == [
+        HEAVY[0] + "::y", HEAVY[1] + "::x", HEAVY[1] + "::z", "tests/unit/a.py::t1",
+        "tests/unit/a.py::t2", "tests/unit/b.py::t"]
