@@ -29,6 +29,7 @@ Output: a markdown report on stdout, JSON in $PERF_OUT (default
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -39,7 +40,7 @@ from pathlib import Path
 
 import requests
 
-from tests.perf.thrash import Watch, metric_sum
+from tests.perf.thrash import all_at_once, metric_sum
 from tests.support.swapperproc import SwapperProcess, load_testbed_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,20 +130,11 @@ def play(loads: tuple[float, float], agents: list[Agent], answer: float) -> Play
         requests.post(f"{sw.url}/unload", timeout=60).raise_for_status()
         before = requests.get(sw.url + "/running", timeout=10).json()["tenants"]
         metrics0 = requests.get(sw.url + "/metrics", timeout=10).text
-        watch = Watch(sw.stack)
-        watch.start()
-        t0 = time.monotonic()
-        threads = [threading.Thread(target=run_agent, args=(sw.url, a, answer)) for a in agents]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.monotonic() - t0
-        watch.stop.set()
-        watch.join()
+        t0, wall, most = all_at_once(sw.stack, lambda t0: [
+            functools.partial(run_agent, sw.url, a, answer) for a in agents])
         after = requests.get(sw.url + "/running", timeout=10).json()["tenants"]
         metrics1 = requests.get(sw.url + "/metrics", timeout=10).text
-    return Played(t0, wall, before, after, metrics0, metrics1, watch.most)
+    return Played(t0, wall, before, after, metrics0, metrics1, most)
 
 
 def run(loads: tuple[float, float], turns: int, answer: float, tenants: bool) -> dict:

@@ -19,6 +19,7 @@ Output: a markdown table on stdout, JSON in $PERF_OUT (default
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import docker
 import requests
@@ -138,6 +140,27 @@ class Watch(threading.Thread):
             self.stop.wait(0.05)
 
 
+def all_at_once(stack: str, jobs: Callable[[float], list[Callable[[], object]]],
+                timeout: float | None = None) -> tuple[float, float, int]:
+    """Start every job (`jobs(t0)`: the agents' runs, told the start) in a thread of
+    its own at once while Docker is watched; join them (each for at most `timeout`).
+    (t0, seconds taken, most backends of the stack running at once)."""
+    watch = Watch(stack)
+    watch.start()
+    t0 = time.monotonic()
+    try:
+        threads = [threading.Thread(target=job) for job in jobs(t0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout)
+        seconds = time.monotonic() - t0
+    finally:
+        watch.stop.set()
+        watch.join()
+    return t0, seconds, watch.most
+
+
 def run(sc: Scenario, policy: str, load: float, real: bool = False) -> dict:
     """One scenario under one policy. `real`: the models are the real
     llama-server (rx, ry, rz), `load` is then what their loads take."""
@@ -153,18 +176,8 @@ def run(sc: Scenario, policy: str, load: float, real: bool = False) -> dict:
                 "load_seconds_last_hour"] / 3
         requests.post(f"{sw.url}/unload", timeout=60).raise_for_status()
         before = requests.get(sw.url + "/metrics", timeout=10).text
-        watch = Watch(sw.stack)
-        watch.start()
-        t0 = time.monotonic()
-        threads = [threading.Thread(target=run_agent, args=(sw.url, a, t0, prefix))
-                   for a in agents]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.monotonic() - t0
-        watch.stop.set()
-        watch.join()
+        _, wall, most = all_at_once(sw.stack, lambda t0: [
+            functools.partial(run_agent, sw.url, a, t0, prefix) for a in agents])
         after = requests.get(sw.url + "/metrics", timeout=10).text
     loads = metric_sum(after, "swapper_loads_total") - metric_sum(before, "swapper_loads_total")
     loading = (metric_sum(after, "swapper_load_seconds_sum")
@@ -184,7 +197,7 @@ def run(sc: Scenario, policy: str, load: float, real: bool = False) -> dict:
         "wait_max_by_agent": {a.name: round(max(a.waits), 2) for a in agents},
         "loading_share": round(loading / wall, 2),
         "failures": [f for a in agents for f in a.failures],
-        "most_backends": watch.most,
+        "most_backends": most,
     }
 
 

@@ -2,14 +2,14 @@
 containers of stand-in models (tests/perf/synth.py, healthy LOAD seconds after
 start), scripted agents with their own session ids. The numbers of a full run
 are tests/perf/thrash.py's; here the behaviours, small and fast."""
+import functools
 import re
-import threading
 import time
 
 import pytest
 import requests
 
-from tests.perf.thrash import BACKENDS, PERF_DIR, Agent, Watch, run_agent
+from tests.perf.thrash import BACKENDS, PERF_DIR, Agent, all_at_once, run_agent
 from tests.support.swapperproc import SwapperProcess, stack_containers
 
 LOAD = 1.0
@@ -47,19 +47,11 @@ def _unloaded(sw):
 def agents_run(sw, agents) -> tuple[int, float, int]:
     """Run the agents at once; (loads, seconds, most backends at once)."""
     before = loads(sw.url)
-    watch = Watch(sw.stack)
-    watch.start()
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=run_agent, args=(sw.url, a, t0)) for a in agents]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    watch.stop.set()
-    watch.join()
+    _, seconds, most = all_at_once(sw.stack, lambda t0: [
+        functools.partial(run_agent, sw.url, a, t0) for a in agents], timeout=300)
     for a in agents:
         assert a.failures == [] and len(a.waits) == a.turns
-    return loads(sw.url) - before, time.monotonic() - t0, watch.most
+    return loads(sw.url) - before, seconds, most
 
 
 def test_two_agents_on_two_models_do_not_pay_a_load_a_turn(sw):
