@@ -276,11 +276,12 @@ def check_model(environ: dict, requested: str | None, catalog) -> None:
     key = identity(environ)
     if key is None or "*" in key.models:
         return
-    entry = catalog.lookup(requested) if requested else {}
-    if requested and not (isinstance(entry, dict) and isinstance(entry.get("id"), str)):
-        return
-    known = [entry["id"], *(a for a in entry.get("aliases") or () if isinstance(a, str))] \
-        if requested else []
+    known: list[str] = []
+    if requested:
+        entry = catalog.lookup(requested)
+        if not (isinstance(entry, dict) and isinstance(entry.get("id"), str)):
+            return                      # not the catalog's: the swapper's to map or refuse
+        known = [entry["id"], *(a for a in entry.get("aliases") or () if isinstance(a, str))]
     if not policy.may_use(key.models, requested, known):
         what = f"model '{requested}'" if requested else "a request naming no model"
         raise ApiError(f"key '{key.name}' may not use {what}: it may use "

@@ -15,7 +15,6 @@ them with a hand clock.
 from __future__ import annotations
 
 import hashlib
-
 import re
 from dataclasses import dataclass, field
 from typing import Iterable
