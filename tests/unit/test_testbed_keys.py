@@ -35,6 +35,7 @@ def keys(testbed: Path, cache: Path) -> dict[str, str]:
 set -euo pipefail
 export CODING_STACK_CACHE={cache}
 source {testbed}/setup.sh
+echo "llamabin $(basename "$(llama_server_dir)")"
 echo "llamacpp $(llamacpp_image_key {cache}/llama-server "$here/images/llamacpp-cpu/Dockerfile" sha256:base)"
 source {testbed}/setup-vllm.sh
 echo "vllm $(vllm_image_key {cache}/wheels "$dockerfile" sha256:base)"
@@ -45,7 +46,7 @@ echo "wheelhouse $(basename "$(wheelhouse_dir 3.11)")"
                        cwd=testbed.parent.parent)
     assert p.returncode == 0, p.stderr
     out = dict(line.split(" ", 1) for line in p.stdout.splitlines())
-    assert set(out) == {"llamacpp", "vllm", "model", "wheelhouse"}, p.stdout
+    assert set(out) == {"llamabin", "llamacpp", "vllm", "model", "wheelhouse"}, p.stdout
     for k, v in out.items():
         assert v and v != "py3.11-", (k, v)
     return out
@@ -60,7 +61,8 @@ def test_cache_keys_follow_the_contents(world):
     cache, (one, two) = world
     before = keys(two, cache)
     for rel in ("images/llamacpp-cpu/Dockerfile", "images/vllm-cpu/Dockerfile",
-                "convert_gguf_to_hf.py", "images/vllm-cpu/requirements.lock"):
+                "convert_gguf_to_hf.py", "images/vllm-cpu/requirements.lock",
+                "llama-build.cmake"):
         with open(two / rel, "a") as f:
             f.write("\n# changed\n")
     after = keys(two, cache)
