@@ -4,10 +4,10 @@
 #   tests/run.sh                       everything
 #   tests/run.sh tests/unit -q         a part
 # The whole suite (no path given) runs its test files on TEST_WORKERS pytest-xdist
-# workers (default 2; 0: one process), a file's tests in one worker so its
-# module-scoped stack is started once: most of a test's time is waiting on a
-# backend, a load or a client's timer, and each file's stack has its own name,
-# ports and containers. A part runs in one process unless TEST_WORKERS is set.
+# workers (default 3, more than the test machine's 2 cores: most of a test's time is
+# waiting on a backend, a load or a client's timer; 0: one process), a file's tests
+# in one worker so its module-scoped stack is started once; each file's stack has
+# its own name, ports and containers. A part runs in one process unless TEST_WORKERS is set.
 # A selection made only of paths under tests/unit needs no Docker test bed: only
 # the test venv is laid then (issue 34, part 6).
 set -euo pipefail
@@ -42,7 +42,7 @@ for a in "$@"; do
   [ -e "${a%%::*}" ] && any_path=1
 done
 workers="${TEST_WORKERS:-}"
-[ -z "$workers" ] && [ "$any_path" = 0 ] && workers=2
+[ -z "$workers" ] && [ "$any_path" = 0 ] && workers=3
 if [ -n "$workers" ] && [ "$workers" != 0 ]; then
   # In collection order (tests/conftest.py puts the longest files first), not
   # xdist's default of the files with the most tests first, which put the
