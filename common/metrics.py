@@ -42,22 +42,35 @@ def new_registry():
     return CollectorRegistry(auto_describe=True)
 
 
-def exposition(registry) -> bytes:
-    """The text format of `registry`, or of every process's files in multiprocess mode."""
+def exposition(registry, keep=None) -> bytes:
+    """The text format of `registry`, or of every process's files in multiprocess mode;
+    `keep(family, labels)`, when given, says which samples are shown."""
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess, values
-    if values.ValueClass is values.MutexValue:    # the mode chosen when it was imported
-        return generate_latest(registry)
-    path = multiprocess_dir()
-    merged = CollectorRegistry()
-    multiprocess.MultiProcessCollector(merged, path)
-    return generate_latest(merged)
+    source = registry
+    if values.ValueClass is not values.MutexValue:    # the mode chosen when it was imported
+        source = CollectorRegistry()
+        multiprocess.MultiProcessCollector(source, multiprocess_dir())
+    return generate_latest(source if keep is None else _Kept(source, keep))
 
 
-def response(registry):
-    """GET /metrics: a Flask response with the text format."""
+class _Kept:
+    """A registry's families with the samples `keep` allows (generate_latest reads
+    anything that has collect(); collect() makes new families on every call)."""
+
+    def __init__(self, source, keep):
+        self._source, self._keep = source, keep
+
+    def collect(self):
+        for family in self._source.collect():
+            family.samples = [s for s in family.samples if self._keep(family.name, s.labels)]
+            yield family
+
+
+def response(registry, keep=None):
+    """GET /metrics: a Flask response with the text format (`keep`: exposition's)."""
     from flask import Response
     from prometheus_client import CONTENT_TYPE_LATEST
-    return Response(exposition(registry), content_type=CONTENT_TYPE_LATEST)
+    return Response(exposition(registry, keep), content_type=CONTENT_TYPE_LATEST)
 
 
 def multiprocess_setup(workers: int) -> tuple[Callable[[int], None] | None, Callable[[], None]]:

@@ -234,5 +234,10 @@ class Metrics:
         """A chat request with web_search ended after `n` search rounds."""
         self._search_rounds.observe(n)
 
-    def response(self):
-        return common.response(self.collectors)
+    def response(self, own_key: str | None = None):
+        """GET /metrics. With `own_key` (a `use` key asked) the series labelled by key
+        show that key's samples only: a team's keys do not see each other's usage."""
+        if own_key is None:
+            return common.response(self.collectors)
+        return common.response(self.collectors, lambda family, labels: (
+            not family.startswith("proxy_key_") or labels.get("key") == own_key))

@@ -60,7 +60,8 @@ def root():
 
 @bp.get("/metrics")
 def metrics():
-    return parts()["metrics"].response()
+    key = identity(request.environ)
+    return parts()["metrics"].response(None if key is None or key.admin else key.name)
 
 
 # ------------------------------------------------------------ the dialects

@@ -225,6 +225,14 @@ def test_usage_through_the_app_admin_route_cli_and_metrics(chat, tmp_path, monke
     assert m.labels("proxy_key_requests_total", "key") == {"ann", "ben", "other"}
     assert m.value("proxy_key_prompt_tokens_total") == 40
     assert m.value("proxy_key_completion_tokens_total", key="ann") == 10
+    # a use key sees its own key's series only; the rest of the scrape as an admin's
+    mine = Scrape(c.get("/metrics", headers=bearer(tokens[1])).get_data(as_text=True))
+    for family in ("proxy_key_requests_total", "proxy_key_prompt_tokens_total",
+                   "proxy_key_completion_tokens_total"):
+        assert mine.labels(family, "key") == {"ben"}, family
+    assert mine.value("proxy_key_requests_total", key="ben") == 2
+    assert mine.type("proxy_key_requests") == "counter"
+    assert mine.labels("proxy_requests_total", "model") == m.labels("proxy_requests_total", "model")
 
 
 def test_models_lists_only_what_the_key_may_use(chat, tmp_path):
