@@ -1,9 +1,11 @@
 """Run a WSGI app on a free loopback port in a background thread (real sockets)."""
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import socket
+import tempfile
 import threading
 import time
 
@@ -12,26 +14,57 @@ from werkzeug.serving import make_server
 
 
 PORTS_PER_WORKER = 2000
+BLOCKS = 8
+BLOCK_LOCKS = os.path.join(tempfile.gettempdir(), "coding-stack-test-ports")
 
 
 def _port_block() -> range:
     """This test process's own block of ports: outside the kernel's ephemeral
-    range (no outgoing connection's local port lands in it), one block per
-    pytest-xdist worker (PYTEST_XDIST_WORKER gw0, gw1, ...), so no two test
-    processes are ever handed the same port."""
+    range (no outgoing connection's local port lands in it), and held by no other
+    test process on this machine: each of the BLOCKS blocks is claimed with an
+    flock (BLOCK_LOCKS/N.lock) held until this process ends (children do not
+    inherit it: Popen closes their descriptors). A pytest-xdist worker (gw0, gw1,
+    ...) tries the block of its number first. Before, the block was the worker's
+    number alone: a second test command on the same machine (one process, so
+    "gw0") was handed the same ports as the first one's gw0, and the fleet's router
+    port answered as the other run's scripted chat."""
     try:
         low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
     except (OSError, ValueError):
         low, high = 32768, 60999
+    base = 10000 if low - 10000 >= BLOCKS * PORTS_PER_WORKER else high + 1
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    index = int(worker[2:]) if worker[2:].isdigit() else 0
-    base = 10000 if low - 10000 >= 8 * PORTS_PER_WORKER else high + 1
-    start = base + (index % 8) * PORTS_PER_WORKER
-    return range(start, min(start + PORTS_PER_WORKER, 65536))
+    first = int(worker[2:]) % BLOCKS if worker[2:].isdigit() else 0
+    os.makedirs(BLOCK_LOCKS, exist_ok=True)
+    for index in [(first + i) % BLOCKS for i in range(BLOCKS)]:
+        f = open(os.path.join(BLOCK_LOCKS, f"{index}.lock"), "w")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            continue
+        _held.append(f)                 # open (and locked) for the life of this process
+        start = base + index * PORTS_PER_WORKER
+        return range(start, min(start + PORTS_PER_WORKER, 65536))
+    raise RuntimeError(f"all {BLOCKS} test port blocks are held by other test processes "
+                       f"(locks in {BLOCK_LOCKS})")
 
 
-_ports = itertools.cycle(_port_block())
-_ports_lock = threading.Lock()
+_held: list = []
+_block: range | None = None             # this process's block, claimed on first use
+_ports = None                           # ... and its ports, cycled
+_ports_lock = threading.RLock()
+
+
+def port_block() -> range:
+    """This process's block of ports, claimed at the first call (not at import:
+    xdist's controller imports this module and serves nothing)."""
+    global _block, _ports
+    with _ports_lock:
+        if _block is None:
+            _block = _port_block()
+            _ports = itertools.cycle(_block)
+        return _block
 
 
 def free_port() -> int:
@@ -41,6 +74,7 @@ def free_port() -> int:
     given to another process before the first bound it again (seen: a backend's
     published port taken by another xdist worker's proxy)."""
     with _ports_lock:
+        port_block()
         for _ in range(PORTS_PER_WORKER):
             port = next(_ports)
             with socket.socket() as s:
