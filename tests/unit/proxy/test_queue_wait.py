@@ -118,7 +118,8 @@ def test_a_fanned_out_request_tells_its_members_load_seconds_summed(stack):
     client, sw, runtime, model = stack
     model.script(*[Reply(content=f"take {i}") for i in range(3)])
     got, charged = {}, []
-    sw.scheduler.subscribe(lambda e, f: charged.append(f["seconds"]) if e == "charged" else None)
+    sw.scheduler.listeners.subscribe(
+        lambda e, f: charged.append(f["seconds"]) if e == "charged" else None)
 
     def ask():
         got["r"] = client.post("/v1/chat/completions", json={
