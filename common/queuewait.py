@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import re
 
+from . import sse
+
 HEADER = "X-Queue-Wait"
 LOAD_HEADER = "X-Load-Seconds"
-_COMMENT = b": queue-wait "
-_LOAD_COMMENT = b": load-seconds "
-_VALUE = re.compile(rb": queue-wait (\d+(?:\.\d+)?)\n")
-_LOAD_VALUE = re.compile(rb": load-seconds (\d+(?:\.\d+)?)\n")
+_WAIT, _LOAD = "queue-wait", "load-seconds"     # the comment lines' names
+_VALUE = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 
 def header_value(seconds: float) -> str:
@@ -32,10 +32,10 @@ def header_value(seconds: float) -> str:
 def comment(seconds: float, load_seconds: float | None = None) -> bytes:
     """The comment event a waiting stream gets before the backend's events (the
     load seconds' line only when given)."""
-    out = _COMMENT + header_value(seconds).encode() + b"\n"
+    out = f": {_WAIT} {header_value(seconds)}\n"
     if load_seconds is not None:
-        out += _LOAD_COMMENT + header_value(load_seconds).encode() + b"\n"
-    return out + b"\n"
+        out += f": {_LOAD} {header_value(load_seconds)}\n"
+    return (out + "\n").encode()
 
 
 def from_header(value: str | None) -> float | None:
@@ -46,18 +46,16 @@ def from_header(value: str | None) -> float | None:
     return seconds if seconds is not None and 0 <= seconds < 1e9 else None
 
 
-def from_piece(piece: bytes) -> float | None:
-    """The wait a piece of a stream carries in its comment (None: none)."""
-    return _found(piece, _COMMENT, _VALUE)
-
-
-def load_from_piece(piece: bytes) -> float | None:
-    """The load seconds a piece of a stream carries in its comment (None: none)."""
-    return _found(piece, _LOAD_COMMENT, _LOAD_VALUE)
-
-
-def _found(piece: bytes, marker: bytes, value: re.Pattern) -> float | None:
-    if marker not in piece:
-        return None
-    m = value.search(piece.replace(b"\r\n", b"\n"))
-    return float(m.group(1)) if m else None
+def from_event(ev: sse.Event) -> tuple[float | None, float | None]:
+    """The wait and the load seconds an event's comment lines tell (the first of
+    each; None: not told)."""
+    wait = load = None
+    for line in ev.comments:
+        name, _, value = line.partition(" ")
+        if not _VALUE.fullmatch(value):
+            continue
+        if name == _WAIT and wait is None:
+            wait = float(value)
+        elif name == _LOAD and load is None:
+            load = float(value)
+    return wait, load

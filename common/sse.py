@@ -75,11 +75,16 @@ class Event:
                      self.progress)
 
     @property
+    def comments(self) -> list[str]:
+        """The texts of its comment lines (`: loading model m (3 s)` ->
+        `loading model m (3 s)`), stripped."""
+        return [line[1:].decode("utf-8", "replace").strip()
+                for line in self.raw.split(b"\n") if line.startswith(b":")]
+
+    @property
     def words(self) -> str:
-        """The words of its comment lines (`: loading model m (3 s)`), joined by
-        spaces; "" when it has none."""
-        return " ".join(line[1:].decode("utf-8", "replace").strip()
-                        for line in self.raw.split(b"\n") if line.startswith(b":")).strip()
+        """The words of its comment lines, joined by spaces; "" when it has none."""
+        return " ".join(self.comments).strip()
 
     @property
     def json(self):

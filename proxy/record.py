@@ -244,8 +244,9 @@ def _noted(evs: list[sse.Event], record: Record) -> bool:
         if ev.data is not None:
             return True
         if not ev.blank:
-            record.note_wait(queuewait.from_piece(ev.raw))
-            record.note_load(queuewait.load_from_piece(ev.raw))
+            wait, load = queuewait.from_event(ev)
+            record.note_wait(wait)
+            record.note_load(load)
     return False
 
 

@@ -19,10 +19,11 @@ from .forward import Forwarder
 from .lease import Admission, EndsLeases
 from .loadtimes import LoadTimes
 from .metrics import SwapperMetrics
+from .policy import SwapPolicy
 from .prefetch import Prefetcher, local_view, model_files
 from .registry import Registry
 from .runtime import DockerRuntime, Runtime
-from .scheduler import Scheduler, SwapPolicy
+from .scheduler import Scheduler
 from .settings import Settings
 
 
@@ -50,12 +51,12 @@ def build(settings: Settings, runtime: Runtime | None = None) -> Parts:
     runtime = runtime or DockerRuntime(settings, registry)
     metrics = SwapperMetrics(scheduler.snapshot, tenants=settings.METRICS_TENANTS)
     events = EventHub()
-    scheduler.subscribe(events.publish)
-    scheduler.subscribe(metrics.scheduler_event)
+    scheduler.listeners.subscribe(events.publish)
+    scheduler.listeners.subscribe(metrics.scheduler_event)
     view = local_view(settings)
     prefetcher = Prefetcher(lambda m: model_files(registry.models[m], view),
                             int(settings.PREFETCH_RESERVE_GB * 2**30), settings.PREFETCH)
-    scheduler.subscribe(prefetcher.scheduler_event)
+    scheduler.listeners.subscribe(prefetcher.scheduler_event)
     driver = Driver(scheduler, runtime, registry, settings, metrics)
     admission = Admission(scheduler, driver, metrics)
     forwarder = Forwarder(admission, settings)

@@ -51,8 +51,10 @@ from pathlib import Path
 from typing import Callable
 
 from . import fetch as downloader
-from .scheduler import OTHER_PROCESS, LoadFailed, Scheduler
+from .downloadqueue import OTHER_PROCESS
+from .scheduler import Scheduler
 from .settings import Settings
+from .tickets import LoadFailed
 
 log = logging.getLogger("swapper.download")
 
@@ -109,7 +111,7 @@ class Downloads:
             log.info("files missing for %s: %s on first use", ", ".join(absent),
                      "downloaded" if self.settings.AUTO_DOWNLOAD else
                      "not downloaded (AUTO_DOWNLOAD=0)")
-            self.scheduler.mark_missing(absent)
+            self.scheduler.downloads.mark_missing(absent)
         return absent
 
     # -------------------------------------------------------------- the work

@@ -34,9 +34,10 @@ from .kvcache import KvCache, Outcome
 from .metrics import SwapperMetrics
 from .registry import Registry
 from .runtime import Backend, BackendError, DockerUnavailable, Runtime
-from .scheduler import Action, LoadFailed, READY, Scheduler, SchedulerError
+from .scheduler import READY, Scheduler
 from .settings import Settings
 from .swaps import Ledger
+from .tickets import Action, LoadFailed, SchedulerError
 
 log = logging.getLogger("swapper.driver")
 
@@ -76,10 +77,10 @@ class Driver:
         self._dead: str | None = None           # the container last reported crashed
         # Prompt caches across swaps: saved before a stop, restored before admission.
         # Its events go where the scheduler's go (/events).
-        self.kv = kvcache or KvCache(settings, metrics, emit=scheduler.notify,
+        self.kv = kvcache or KvCache(settings, metrics, emit=scheduler.listeners.emit,
                                      image_id=getattr(runtime, "image_id", None))
         # What each swap cost, phase by phase, and the serving share (swapper/swaps.py).
-        self.ledger = Ledger(emit=scheduler.notify, metrics=metrics, clock=clock)
+        self.ledger = Ledger(emit=scheduler.listeners.emit, metrics=metrics, clock=clock)
         self.kv.on_first_answer = self.ledger.reprefilled
         scheduler.on_in_flight = self.ledger.in_flight
         # Models whose files are missing are downloaded on first use, off the

@@ -26,10 +26,12 @@ from werkzeug.wsgi import ClosingIterator
 from common.disconnect import POLL, client_gone
 from common.failures import failure
 
+from .downloadqueue import OTHER_PROCESS
 from .driver import CONFIRM_DEAD_SECONDS, Driver
 from .metrics import SwapperMetrics
+from .scheduler import Scheduler
 from .tenants import DEFAULT_TENANT, tenant_of
-from .scheduler import OTHER_PROCESS, Cancelled, LoadFailed, QueueFull, Scheduler, Ticket
+from .tickets import Cancelled, LoadFailed, QueueFull, Ticket
 
 # Causes (common.failures) after which the backend's container is looked at.
 BACKEND_CAUSES = frozenset({"unreachable", "closed_early", "broke_off", "upstream_failed"})

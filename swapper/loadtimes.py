@@ -1,5 +1,6 @@
 """How long each model's loads took: the ETA of its next load (`LoadTimes`),
-and the GPU's time lost to loads (`LoadCost`: the console's loads per hour).
+the GPU's time lost to loads (`LoadCost`: the console's loads per hour), and
+how long a failing model's next load waits (`Backoff`).
 
 A small bounded history per model (the last HISTORY successful load durations,
 seconds from `loading` to `loaded`); the expected duration of the next load is
@@ -152,3 +153,25 @@ class LoadCost:
         return {"loads_last_hour": len(self._loaded),
                 "load_seconds_last_hour": round(sum(s for _, s in self._loaded), 1),
                 "load_seconds_total": round(self.seconds_total, 1)}
+
+
+class Backoff:
+    """A model whose loads fail or whose backend crashes is loaded again after
+    an exponential backoff: `base` seconds after its first failure, doubling
+    with each failure, at most `most`; an answer it gives starts it afresh."""
+
+    def __init__(self, base: float, most: float):
+        self.base = base
+        self.most = most
+        self.failures: dict[str, int] = {}     # model -> failures since its last answer
+
+    def failed(self, model: str) -> None:
+        self.failures[model] = self.failures.get(model, 0) + 1
+
+    def answered(self, model: str) -> None:
+        self.failures.pop(model, None)
+
+    def delay(self, model: str) -> float:
+        """Seconds before `model`'s next load may start (0.0: it is not failing)."""
+        failures = self.failures.get(model, 0)
+        return 0.0 if not failures else min(self.base * 2 ** (failures - 1), self.most)

@@ -11,8 +11,7 @@ never run at once. A stop names the model that waits first
 container) while it stops.
 
 Policy
-- Requests for the resident (ready) model are admitted up to its slot count
-  (in the policy's fair order between tenants);
+- Requests for the resident (ready) model are admitted up to its slot count;
   the rest wait FIFO, at most `max_queue` waiting in all (QueueFull beyond).
 - An *epoch* is one residency of one model. A request joins the current epoch
   if it is for the model being loaded, or for the ready model while nothing else
@@ -25,14 +24,12 @@ Policy
 - The swap policy (swapper/policy.py: `Hold`, the default, or `Fifo`) has
   the word on the rest, and the scheduler asks it: whether a session's next
   request for the ready model joins its epoch although other models wait, whether
-  the drained resident model is kept for its agents' next turns (holds), and
-  which model goes next.
-- Tenants (swapper/tenants.py): a ticket carries its tenant and weight; the
-  policy tags it as it comes, and the waiting requests of an epoch are admitted
-  in the policy's fair order (one tenant: as they came). A load's seconds are
-  charged to the tenants of the requests that were waiting for it when it
-  started or joined it while it loaded (the policy's `loaded`), and each
-  tenant's part split among its requests still waiting (ticket.load_seconds).
+  the drained resident model is kept for its agents' next turns (holds), which
+  model goes next, and the tenants' fair order within an epoch. A load's
+  seconds are charged to the tenants whose requests waited for it when it
+  started or joined it while it loaded (the policy's `loaded`).
+- A request for a model whose download runs (swapper/downloadqueue.py) is
+  parked: it waits, but the policy does not see it until the download ends.
 - A failed load fails the requests of its epoch with the error. A crash of the
   resident model removes its container; waiting requests trigger a reload,
   delayed by an exponential backoff while the model keeps failing.
@@ -42,16 +39,18 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import Counter
 from typing import Any, Callable
 
-from .downloadqueue import OTHER_PROCESS, DownloadQueue  # noqa: F401
-from .loadtimes import LoadCost, LoadTimes
-from .policy import FIFO, HOLD, Policy, Stint, SwapPolicy, operator_waits, short  # noqa: F401
+from .downloadqueue import DownloadQueue
+from .listeners import Listeners
+from .loadtimes import Backoff, LoadCost, LoadTimes
+from .modelstatus import Statuses
+from .policy import Policy, Stint, SwapPolicy, operator_waits, short
 from .tenants import DEFAULT_TENANT
-from .tickets import Action, Cancelled, LoadFailed, QueueFull, SchedulerError, Ticket
+from .tickets import (IDLE, LOADING, READY, STOPPING, Action, Cancelled, LoadFailed,
+                      QueueFull, SchedulerError, Ticket)
 
-
-IDLE, LOADING, READY, STOPPING = "idle", "loading", "ready", "stopping"
 
 # The event each phase change publishes (for the model that phase is about).
 PHASE_EVENTS = {LOADING: "load_started", READY: "ready", STOPPING: "unloading", IDLE: "unloaded"}
@@ -64,11 +63,12 @@ class Scheduler:
                  load_times: LoadTimes | None = None, policy: SwapPolicy | None = None):
         self._slots = slots
         self.max_queue = max_queue
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
+        self.backoff = Backoff(backoff_base, backoff_max)   # a failing model's next load waits
         self._clock = clock
         self._cv = threading.Condition()
         self._seq = itertools.count(1)
+        self.listeners = Listeners()            # who hears its events (swapper/listeners.py)
+        self._emit = self.listeners.emit
         self._queue: list[Ticket] = []       # waiting, FIFO
         self._active: set[Ticket] = set()    # admitted, not yet released
         self.on_in_flight: Callable[[int], None] | None = None   # told len(_active)
@@ -79,8 +79,6 @@ class Scheduler:
         self.last_activity = clock()
         self._backend: Any = None
         self._action: Action | None = None
-        self._failures: dict[str, int] = {}
-        self._last_error: dict[str, str] = {}     # model -> why its last load failed
         self.progress: dict = {}                  # the running load's latest progress
         # Past load durations per model: the ETA of a load (swapper/loadtimes.py).
         self.load_times = load_times or LoadTimes()
@@ -90,10 +88,11 @@ class Scheduler:
         self.load_cost = LoadCost(clock)        # time lost to loads, the last swap's seconds
         self._load_delay = 0.0                  # the running load's backoff, seconds
         # Downloads on first use (swapper/download.py). A model whose files are
-        # missing (the driver says so: mark_missing) is downloaded when first
-        # asked for; meanwhile its requests are parked (swapper/downloadqueue.py).
-        self.downloads = DownloadQueue(self._cv, clock, self._emit)
-        self._listeners: list[Callable[[str, dict], None]] = []
+        # missing (the downloader says so: downloads.mark_missing) is downloaded when
+        # first asked for; meanwhile its requests are parked (swapper/downloadqueue.py).
+        self.downloads = DownloadQueue(self._cv, clock, self._emit,
+                                       lambda: None if self.phase == IDLE else self.model)
+        self.statuses = Statuses(self.downloads, self.load_times)   # what /v1/models says
         self._wake_at: float | None = None     # when the policy's hold may end
         self._stopped: str | None = None       # the model stopped last
         self._load_cause = "request"           # why the running load was started
@@ -125,8 +124,7 @@ class Scheduler:
                         session, self._stint(), self._eligible(), self._active))))
             if joins and self.phase == READY and self._others_waiting():
                 self._emit("hold_used", model=model, session=short(session))
-            if self.downloads.wanted(model):
-                self._start_download(model)
+            self.downloads.asked(model)
             tickets = []
             now = self._clock()
             for _ in range(count):
@@ -180,7 +178,7 @@ class Scheduler:
         ticket.state = "done"
         self.last_activity = self._clock()
         if ok and ticket.model:
-            self._failures.pop(ticket.model, None)
+            self.backoff.answered(ticket.model)
         if ticket.session is not None:
             self.policy.released(ticket, ok, cause, self._stint(), self._queue)
         self._schedule()
@@ -225,15 +223,15 @@ class Scheduler:
                 return
             if error is not None:
                 model = self.model
-                self._failures[model] = self._failures.get(model, 0) + 1
+                self.backoff.failed(model)
                 self.load_cost.no_swap()
                 self._set_phase(IDLE, None)
                 self._fail([t for t in self._queue if t.epoch == epoch], error)
-                self._last_error[model] = str(error)
+                self.statuses.latest(model, error)
                 self._emit("load_failed", model=model, error=str(error), cause=error.kind)
             else:
                 self._backend = backend
-                self._last_error.pop(self.model, None)
+                self.statuses.latest(self.model, None)
                 seconds = self._clock() - self.since - self._load_delay
                 self.load_times.add(self.model, seconds)
                 self.load_cost.loaded(self.model, seconds)
@@ -261,7 +259,7 @@ class Scheduler:
             if self.phase != READY or self._backend is None or self._backend != backend:
                 return False
             model = self.model
-            self._failures[model] = self._failures.get(model, 0) + 1
+            self.backoff.failed(model)
             for t in self._queue:
                 if t.epoch == self.epoch:
                     t.epoch = None          # they will trigger a reload
@@ -280,31 +278,16 @@ class Scheduler:
             return False
 
     # -------------------------------------------------------------- downloads
-    def mark_missing(self, models) -> None:
-        """The driver found these models' files absent: the next request for one
-        downloads it first (a model resident now is left alone)."""
-        with self._cv:
-            for m in models:
-                if m != self.model or self.phase == IDLE:
-                    self.downloads.missing.add(m)
-
     def download_done(self, model: str, error: LoadFailed | None = None) -> None:
         """The download of `model` ended: its parked requests take part in the
         policy again (so it loads), or they fail with the download's error."""
         with self._cv:
-            ended = self.downloads.end(model, ok=error is None)
-            if ended is None:
-                return
-            d, seconds = ended
+            if not self.downloads.parks(model):
+                return                      # none ran
             if error is not None:
                 self._fail([t for t in self._queue if t.model == model], error)
-                self._last_error[model] = str(error)
-                self._emit("download_failed", model=model, error=str(error), cause=error.kind,
-                           seconds=seconds)
-            else:
-                self._last_error.pop(model, None)
-                self._emit("downloaded", model=model, seconds=seconds,
-                           total_bytes=d.get("total_bytes"))
+            self.statuses.latest(model, error)
+            self.downloads.end(model, error)
             self._schedule()
 
     def load_needs_download(self, epoch: int) -> None:
@@ -319,13 +302,8 @@ class Scheduler:
                 if t.epoch == epoch:
                     t.epoch = None
             self.downloads.missing.add(model)
-            if self.downloads.wanted(model):
-                self._start_download(model)
+            self.downloads.asked(model)
             self._schedule()
-
-    def _start_download(self, model: str) -> None:
-        self._last_error.pop(model, None)
-        self.downloads.start(model)
 
     # ------------------------------------------------------------- inspection
     @property
@@ -345,25 +323,9 @@ class Scheduler:
             self._emit("progress", **self.progress)
 
     def model_status(self, model: str) -> dict:
-        """A model's status in the shape llama.cpp's router and llama-swap use:
-        {"value": "loaded" | "loading" | "unloading" | "unloaded" | "failed"},
-        with the last failure's message while it is the latest word."""
+        """A model's status (swapper/modelstatus.py)."""
         with self._cv:
-            if model in self.downloads.running:
-                return {"value": "downloading", **{k: v for k, v in
-                                                   self.downloads.running[model].items()
-                                                   if k != "model"}}
-            if model == self.model:
-                value = {LOADING: "loading", READY: "loaded", STOPPING: "unloading"}[self.phase]
-            else:
-                value = "failed" if model in self._last_error else "unloaded"
-            out = {"value": value}
-            if value == "loading":
-                elapsed = self._clock() - self.since
-                out.update(elapsed_seconds=round(elapsed, 1), **self.load_times.eta(model, elapsed))
-            if model in self._last_error:
-                out["failure"] = self._last_error[model]
-            return out
+            return self.statuses.of(model, self.model, self.phase, self._clock() - self.since)
 
     def snapshot(self) -> dict:
         with self._cv:
@@ -374,8 +336,8 @@ class Scheduler:
                 "epoch": self.epoch,
                 "in_flight": len(self._active),
                 "queued": len(self._queue),
-                "queued_by_model": _count(t.model or "(unload)" for t in self._queue),
-                "failures": dict(self._failures),
+                "queued_by_model": dict(Counter(t.model or "(unload)" for t in self._queue)),
+                "failures": dict(self.backoff.failures),
                 "backend": self._backend,
                 "progress": dict(self.progress),
                 "downloads": self.downloads.status(),
@@ -388,10 +350,6 @@ class Scheduler:
                 self.policy.status(self._eligible(), self._stint()),
                 **self.load_cost.status(),
             }
-
-    def subscribe(self, listener: Callable[[str, dict], None]) -> None:
-        """Call `listener(event, fields)` on state events (metrics, logs)."""
-        self._listeners.append(listener)
 
     # ---------------------------------------------------------------- policy
     def _others_waiting(self) -> bool:
@@ -439,16 +397,15 @@ class Scheduler:
             if queue:
                 model = self.policy.next_model(queue, self._stint())
                 urgent = any(t.urgent for t in queue if t.model == model)
-                failures = self._failures.get(model, 0)
+                failures = self.backoff.failures.get(model, 0)
                 self._load_cause = "operator" if urgent else "restart" if failures else "request"
                 self.epoch += 1
                 self._set_phase(LOADING, model)
                 self._join_epoch(model)
                 self._load_tenants = {t.tenant for t in queue if t.model == model}
-                delay = 0.0 if not failures else min(
-                    self.backoff_base * 2 ** (failures - 1), self.backoff_max)
-                self._load_delay = delay
-                self._post(Action("load", model, self.epoch, delay, cause=self._load_cause))
+                self._load_delay = self.backoff.delay(model)
+                self._post(Action("load", model, self.epoch, self._load_delay,
+                                  cause=self._load_cause))
         # LOADING and STOPPING wait for the driver.
 
     def _stint(self) -> Stint:
@@ -528,18 +485,6 @@ class Scheduler:
         self._action = action
         self._cv.notify_all()
 
-    def notify(self, event: str, **fields) -> None:
-        """Tell the listeners (/events, metrics) of something the driver did
-        (`saving`, `restoring`): events of the stack's one stream."""
-        self._emit(event, **fields)
-
-    def _emit(self, event: str, **fields) -> None:
-        for listener in self._listeners:
-            try:
-                listener(event, fields)
-            except Exception:  # a metrics bug must never wedge scheduling
-                pass
-
     # ------------------------------------------------------------ adoption
     def found_resident(self, model: str, backend: Any) -> None:
         """At start-up: a healthy backend left by an earlier run (adopted by the
@@ -552,9 +497,3 @@ class Scheduler:
             self._set_phase(READY, model)
             self._schedule()
 
-
-def _count(items) -> dict:
-    out: dict = {}
-    for i in items:
-        out[i] = out.get(i, 0) + 1
-    return out

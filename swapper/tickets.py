@@ -1,13 +1,16 @@
 """What the scheduler (swapper/scheduler.py) hands out and takes back: a
-request's place in line (`Ticket`), the driver's next job (`Action`), and the
-errors a waiting request can get. Plain data: the scheduler's lock guards the
-tickets it holds.
+request's place in line (`Ticket`), the driver's next job (`Action`), the
+errors a waiting request can get, and the phases it tells (its snapshot's
+`state`). Plain data: the scheduler's lock guards the tickets it holds.
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
 from typing import Any
+
+# The scheduler's phases: nothing resident; its model loading, ready, stopping.
+IDLE, LOADING, READY, STOPPING = "idle", "loading", "ready", "stopping"
 
 
 class SchedulerError(Exception):

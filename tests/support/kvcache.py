@@ -40,7 +40,7 @@ def make(tmp_path, servers, models=None, **settings):
     s = Settings(KV_CACHE_DIR=str(tmp_path), **settings)
     metrics = SwapperMetrics()
     events = []
-    sched.subscribe(lambda e, f: events.append((e, f)))
+    sched.listeners.subscribe(lambda e, f: events.append((e, f)))
     driver = Driver(sched, runtime, SimpleNamespace(models=models), s, metrics,
                     sleep=clock.sleep, clock=clock, spawn=inline)
     return SimpleNamespace(sched=sched, runtime=runtime, driver=driver, clock=clock,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from common import sse
+from common import queuewait, sse
 
 
 @dataclass
@@ -70,3 +70,16 @@ def named_events(resp) -> list[tuple[str | None, dict]]:
             out.append((name, json.loads(line[5:])))
             name = None
     return out
+
+
+def told_waits(body: bytes) -> tuple[float | None, float | None]:
+    """The queue wait and the load seconds a streamed answer's comments tell
+    (common/queuewait.py: the first of each; None: not told), read as the proxy
+    reads them."""
+    wait = load = None
+    for evs in sse.read([body]):
+        for ev in evs:
+            w, ld = queuewait.from_event(ev)
+            wait = w if wait is None else wait
+            load = ld if load is None else load
+    return wait, load

@@ -14,6 +14,7 @@ import requests
 from common import queuewait
 from tests.perf.fairshare import BACKENDS, PERF_DIR
 from tests.support.servers import wait_until
+from tests.support.sseclient import told_waits
 from tests.support.swapperproc import SwapperProcess, stack_containers
 
 BATCH = 10
@@ -73,7 +74,7 @@ def told_load(url, tenant, weight, stream, told):
     body = r.content
     load = queuewait.from_header(r.headers.get(queuewait.LOAD_HEADER))
     told.append((tenant, r.status_code, load if load is not None
-                 else queuewait.load_from_piece(body)))
+                 else told_waits(body)[1]))
 
 
 def test_the_load_seconds_answers_tell_add_up_to_the_tenants_charges(sw):

@@ -233,7 +233,7 @@ def test_a_load_done_before_gives_the_next_one_an_eta_and_requests_their_wait(st
     """Past loads make an ETA (the real engine, slow-start's ~4 s): the next load's
     `load_started` event and the waiting stream's comments carry it; the stream's
     last comment is its queue wait, which the proxy's activity list shows."""
-    from common import queuewait
+    from tests.support.sseclient import told_waits
     sw, px = stack
     assert requests.post(sw.url + "/load/slow-start", timeout=120).status_code == 200
     assert running(sw)["last_load_seconds"] > 0
@@ -257,7 +257,7 @@ def test_a_load_done_before_gives_the_next_one_an_eta_and_requests_their_wait(st
     assert r.status_code == 200
     loading = [c for c in body.split(b"\n") if c.startswith(b": loading model slow-start")]
     assert loading and all(c.endswith(b" s left") for c in loading), loading
-    wait = queuewait.from_piece(body)
+    wait, _ = told_waits(body)
     assert wait is not None and wait > 0
     assert body.index(b": queue-wait ") < body.index(b"Slow")    # before the model's events
     started = [e for e in events if e["event"] == "load_started" and e["model"] == "slow-start"]

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from common import queuewait
+from common import queuewait, sse
 from proxy.record import Record, noting_waits
 from proxy.app import create_app as proxy_app
 from proxy.settings import Settings as ProxySettings
@@ -19,6 +19,7 @@ from swapper.settings import Settings as SwapperSettings
 from tests.support.chat import Reply, ScriptedChat
 from tests.support.fake_runtime import FakeRuntime
 from tests.support.servers import ServerThread, wait_until
+from tests.support.sseclient import told_waits
 from tests.support.swapperproc import ENV, FIXTURE_BACKENDS
 
 
@@ -74,7 +75,7 @@ def test_a_stream_that_waited_for_the_load_and_a_request_admitted_at_once(stack)
     t.join(30)
     assert got["status"] == 200
     body = b"".join(pieces)
-    wait = queuewait.from_piece(body)
+    wait, load = told_waits(body)
     assert wait is not None and wait > 0
     # before the backend's events; the client's progress chunks (proxy/progress.py) first
     assert body.index(b'"delta":{"role":"assistant","content":""}') < \
@@ -83,7 +84,6 @@ def test_a_stream_that_waited_for_the_load_and_a_request_admitted_at_once(stack)
     assert rec["queue_wait"] == wait and rec["queue_wait"] <= rec["seconds"]
     assert rec["status"] == 200 and rec["stream"] is True
     # the load's seconds, all charged to it (it alone waited), in the same comment event
-    load = queuewait.load_from_piece(body)
     assert load is not None and load <= wait
     assert body.index(b": queue-wait ") < body.index(b": load-seconds ") < \
         body.index(b'"model":"scripted-model"')
@@ -118,7 +118,8 @@ def test_a_fanned_out_request_tells_its_members_load_seconds_summed(stack):
     client, sw, runtime, model = stack
     model.script(*[Reply(content=f"take {i}") for i in range(3)])
     got, charged = {}, []
-    sw.scheduler.subscribe(lambda e, f: charged.append(f["seconds"]) if e == "charged" else None)
+    sw.scheduler.listeners.subscribe(
+        lambda e, f: charged.append(f["seconds"]) if e == "charged" else None)
 
     def ask():
         got["r"] = client.post("/v1/chat/completions", json={
@@ -137,9 +138,10 @@ def test_a_fanned_out_request_tells_its_members_load_seconds_summed(stack):
 
 
 def test_wait_pieces_parsed_summed_and_only_before_the_first_event():
-    assert queuewait.from_piece(b": keep-alive\n\n") is None
-    assert queuewait.from_piece(queuewait.comment(1.25)) == 1.25
-    assert queuewait.from_piece(b": loading x\r\n\r\n: queue-wait 0.5\r\n\r\n") == 0.5
+    assert told_waits(b": keep-alive\n\n") == (None, None)
+    assert told_waits(queuewait.comment(1.25)) == (1.25, None)
+    assert told_waits(b": loading x\r\n\r\n: queue-wait 0.5\r\n\r\n") == (0.5, None)
+    assert queuewait.from_event(sse.Event.comment(b": loading x\n\n")) == (None, None)
     assert queuewait.from_header("0.012") == 0.012
     for bad in (None, "", "soon", "-1", "nan"):
         assert queuewait.from_header(bad) is None
@@ -179,8 +181,9 @@ def test_load_seconds_read_into_the_record_from_the_comment_and_the_header():
     reads the new comment."""
     both = queuewait.comment(2.0, 1.5)
     assert both == b": queue-wait 2.000\n: load-seconds 1.500\n\n"
-    assert queuewait.from_piece(both) == 2.0 and queuewait.load_from_piece(both) == 1.5
-    assert queuewait.load_from_piece(queuewait.comment(2.0)) is None     # an older swapper
+    assert told_waits(both) == (2.0, 1.5)
+    assert queuewait.from_event(sse.Event.comment(both)) == (2.0, 1.5)   # one event, two lines
+    assert told_waits(queuewait.comment(2.0))[1] is None               # an older swapper
     rec = Record("/v1/chat/completions", "chat")
     pieces = [b": loading\n\n", both + b"data: {}\n\n", queuewait.comment(9.0, 9.0)]
     assert list(noting_waits(pieces, rec)) == pieces

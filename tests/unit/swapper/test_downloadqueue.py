@@ -4,13 +4,14 @@ the downloader's jobs in order, and the progress it reports."""
 import threading
 
 from swapper.downloadqueue import DownloadQueue
+from swapper.tickets import LoadFailed
 
 
-def make(now=100.0):
+def make(now=100.0, resident=None):
     clock = [now]
     events = []
     q = DownloadQueue(threading.Condition(), lambda: clock[0],
-                      lambda event, **f: events.append((event, f)))
+                      lambda event, **f: events.append((event, f)), lambda: resident)
     return q, clock, events
 
 
@@ -31,18 +32,30 @@ def test_a_missing_model_is_wanted_once_and_parks_its_requests_while_it_runs():
                                 "bytes_per_second": None, "eta_seconds": None,
                                 "waiting_for": None}}
     clock[0] = 112.5
-    d, seconds = q.end("a", ok=True)
-    assert seconds == 12.5 and d["model"] == "a"
+    q.end("a")
+    assert events[-1] == ("downloaded", {"model": "a", "seconds": 12.5, "total_bytes": None})
     assert not q.parks("a") and not q.wanted("a") and q.status() == {}
-    assert q.end("a", ok=True) is None              # none runs
+    q.end("a")
+    assert len(events) == 2                         # none runs: nothing told
 
 
 def test_a_failed_download_leaves_the_model_missing_for_the_next_request():
-    q, _, _ = make()
+    q, _, events = make()
     q.missing.add("a")
     start(q, "a")
-    q.end("a", ok=False)
+    q.end("a", LoadFailed("no room", "download_failed"))
     assert q.wanted("a")
+    assert events[-1] == ("download_failed", {"model": "a", "error": "no room",
+                                              "cause": "download_failed", "seconds": 0.0})
+    with q._cv:
+        q.asked("a")                                # the next request starts it again
+    assert q.parks("a")
+
+
+def test_missing_files_are_noted_except_the_resident_models():
+    q, _, _ = make(resident="a")
+    q.mark_missing(["a", "b"])
+    assert q.missing == {"b"}
 
 
 def test_the_downloader_takes_the_jobs_in_order_and_waits_for_one():

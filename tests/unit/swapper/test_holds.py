@@ -6,7 +6,8 @@ import random
 import pytest
 
 from swapper.loadtimes import LoadTimes
-from swapper.scheduler import FIFO, LOADING, READY, STOPPING, LoadFailed, Scheduler, SwapPolicy
+from swapper.policy import FIFO, SwapPolicy
+from swapper.scheduler import LOADING, READY, STOPPING, LoadFailed, Scheduler
 from tests.support.clock import Clock
 from tests.support.scheduler import step
 
@@ -19,7 +20,7 @@ def make(clock, policy=None, slots=None, loads=None):
     s = Scheduler(lambda m: (slots or {}).get(m, 1), clock=clock, load_times=lt,
                   policy=policy or SwapPolicy(hold=10.0, quantum_factor=3.0, quantum_min=5.0,
                                               quantum_max=300.0))
-    s.subscribe(lambda e, f: events.append((e, f)))
+    s.listeners.subscribe(lambda e, f: events.append((e, f)))
     s.events = events
     return s
 

@@ -109,7 +109,7 @@ def test_a_request_sent_again_tells_the_load_its_first_try_waited_for(chat):
 
     app, runtime = make_app({"tiny-b": drop.url}, SlowStart({"tiny-b": drop.url}))
     charged = []
-    app.extensions["swapper"].scheduler.subscribe(
+    app.extensions["swapper"].scheduler.listeners.subscribe(
         lambda e, f: charged.append(f["seconds"]) if e == "charged" else None)
     r = ask(app.test_client())
     assert r.status_code == 200 and drop.dropped == 1, r.data

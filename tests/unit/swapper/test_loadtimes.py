@@ -15,7 +15,7 @@ def make(tmp_path=None):
     events = []
     s = Scheduler(lambda m: 1, clock=clock,
                   load_times=LoadTimes(tmp_path / "load-times.json" if tmp_path else None))
-    s.subscribe(lambda e, f: events.append((e, f)))
+    s.listeners.subscribe(lambda e, f: events.append((e, f)))
     return s, clock, events
 
 

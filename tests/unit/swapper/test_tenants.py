@@ -135,7 +135,7 @@ def test_a_loads_seconds_are_charged_to_the_tenants_that_waited_for_it():
     clock = Clock()
     s = make(clock=clock)
     events = []
-    s.subscribe(lambda e, f: events.append((e, f)) if e == "charged" else None)
+    s.listeners.subscribe(lambda e, f: events.append((e, f)) if e == "charged" else None)
     s.submit("x", tenant="a")
     s.submit("x", tenant="a")
     s.submit("x", tenant="b")
