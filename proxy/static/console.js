@@ -845,6 +845,7 @@ function openEdit(key) {
   $("key-confirm").hidden = true;
   form.dataset.name = key.name;
   $("ke-name").textContent = key.name;
+  form.elements.role.value = key.role;
   form.elements.models.value = key.models.join(",");
   for (const name of ["max_concurrent", "rpm", "tokens_per_day", "weight"]) {
     form.elements[name].value = key[name] == null ? "" : String(key[name]);
@@ -859,7 +860,9 @@ async function saveEdit(ev) {
   const form = $("key-edit");
   const out = form.querySelector(".form-error");
   let body;
-  try { body = keyFields(form, { clear: true }); } catch (e) { out.textContent = e.message; return; }
+  try {
+    body = { role: form.elements.role.value, ...keyFields(form, { clear: true }) };
+  } catch (e) { out.textContent = e.message; return; }
   const name = form.dataset.name;
   const done = await keyCall(form.querySelector("button[type=submit]"),
     "/admin/keys/" + encodeURIComponent(name), body, out);

@@ -382,11 +382,13 @@ def test_keys_made_used_changed_and_revoked_in_the_page(page, keyed_proxy, tmp_p
     edit = page.locator("#key-edit")
     assert edit.locator('[name="models"]').input_value() == "tiny-a"
     assert edit.locator('[name="rpm"]').input_value() == "30"
+    assert edit.locator('[name="role"]').input_value() == "use"
     key_form(page, "#key-edit", models=" , ")
     edit.locator("button[type=submit]").click()
     page.wait_for_function("() => /at least one model.*\\(HTTP 400\\)/.test(document"
                            ".querySelector('#key-edit .form-error').textContent)", timeout=10_000)
     key_form(page, "#key-edit", models="tiny-b", rpm="", max_concurrent="1", weight="3")
+    edit.locator('[name="role"]').select_option("admin")
     edit.locator("button[type=submit]").click()
     edit.wait_for(state="hidden", timeout=10_000)
     page.wait_for_function("n => document.activeElement.getAttribute('aria-label') === `Edit ${n}`",
@@ -396,8 +398,12 @@ def test_keys_made_used_changed_and_revoked_in_the_page(page, keyed_proxy, tmp_p
     assert [row.locator(f"td.{c}").inner_text() for c in ("max-concurrent", "rpm", "weight")] \
         == ["1", "–", "3"]
     got = requests.get(url + f"/admin/keys/{name}", headers=admin, timeout=10).json()["key"]
-    assert (got["models"], got["max_concurrent"], got["rpm"], got["weight"]) == \
-        (["tiny-b"], 1, None, 3.0)
+    assert (got["role"], got["models"], got["max_concurrent"], got["rpm"], got["weight"]) == \
+        ("admin", ["tiny-b"], 1, None, 3.0)
+    assert row.locator("td.role").inner_text() == "admin"
+    wait_until(lambda: requests.get(url + "/admin/keys", timeout=10, headers={
+        "Authorization": f"Bearer {token}"}).status_code == 200,
+        "the key made admin in the page reaches the admin routes", deadline=10, every=0.2)
     wait_until(lambda: chat_as(url, token, "tiny-a").status_code == 403,
                "tiny-a refused to the changed key", deadline=10, every=0.2)
     assert models_of(url, token) == ["tiny-b"]
