@@ -30,8 +30,8 @@ AREAS = {
 # The files that take a minute or more (real generation on the CPU, CPU vLLM, the
 # fleet's LiteLLM, compose), longest first. pytest-xdist hands whole files
 # (--dist loadfile) to the workers in collection order: these go first, so the
-# small files fill in at the end and the two workers finish together, instead of
-# one running the verify gate or compose alone after the other is done.
+# small files fill in at the end and the workers finish together, instead of one
+# running the verify gate or compose alone after the others are done.
 HEAVY = (
     "tests/integration/swapper/test_kvcache.py",
     "tests/integration/swapper/test_dialects_stack.py",

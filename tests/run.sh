@@ -7,7 +7,8 @@
 # workers (default 3, more than the test machine's 2 cores: most of a test's time is
 # waiting on a backend, a load or a client's timer; 0: one process), a file's tests
 # in one worker so its module-scoped stack is started once; each file's stack has
-# its own name, ports and containers. A part runs in one process unless TEST_WORKERS is set.
+# its own name, ports and containers. A part runs in one process unless
+# TEST_WORKERS is set.
 # A selection made only of paths under tests/unit needs no Docker test bed: only
 # the test venv is laid then (issue 34, part 6).
 set -euo pipefail

@@ -6,11 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
+from tests.support.process import REPO
 from tests.support.servers import PORTS_PER_WORKER
-
-REPO = Path(__file__).resolve().parents[2]
 # Takes a port, says its block's first port, and holds the block until stdin closes.
 HOLDER = ("import sys; from tests.support import servers; p = servers.free_port(); "
           "assert p in servers.port_block(); print(servers.port_block().start, flush=True); "
